@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs pagedserve and what it needs, then starts the whole stack serving the default
+# model (SmolLM2-135M-Instruct) on http://127.0.0.1:8000. Uses REDIS_URL if set, else an
+# embedded Redis. Extra arguments go to `pagedserve up` (e.g. --dtype float32 --port 9000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+exec python3 -m services.cli up "$@"

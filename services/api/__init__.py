@@ -1,0 +1,1 @@
+"""The api service: the HTTP/WebSocket edge (stateless; scale by running more)."""

@@ -1,0 +1,110 @@
+"""The api's FastAPI app: the factory, health/readiness/metrics, and error handling.
+
+Any client error is an OpenAI-style JSON error ({"error": {"message", "type", "param",
+"code"}}) with its 4xx status, and changes nothing; a 500 only ever means a bug here.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.api import openai_routes, stream_routes
+from services.api.edge import ApiState, AuthMiddleware, error_response
+from services.api.inputs import ModelInfo
+from services.api.loop import ApiLoop
+from services.api.metrics import ApiMetrics
+from services.api.protocol import ApiError
+from services.api.rest_store import RestStore
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.api")
+
+
+@dataclass
+class ApiConfig:
+    model: str = "smollm2"  # what to load the tokenizer and context length for
+    served_model_name: str | None = None  # the name clients use; defaults to model
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "pagedserve"
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
+    """The app; its lifespan starts the Redis loop (heartbeat, delta reader) and on
+    shutdown aborts everything still running here."""
+    metrics = ApiMetrics()
+    loop = ApiLoop(config.redis_url, Keys(config.prefix))
+    state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
+                     max_body_bytes=config.max_body_bytes, api_key=config.api_key)
+    state.rest = RestStore()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await loop.start()
+        log.info("api ready to serve %s (context %d tokens) on prefix %r", info.served_name, info.max_model_len,
+                 config.prefix)
+        try:
+            yield
+        finally:
+            await state.rest.close()
+            await loop.stop()
+
+    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.api = state
+    app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    app.include_router(openai_routes.router)
+    app.include_router(stream_routes.router)
+    _add_error_handlers(app, metrics)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "api_id": loop.api_id}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        missing = await loop.missing_services()
+        if missing:
+            return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(await loop.read_stats()), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        log.info("rejected %s %s: %d %s", request.method, request.url.path, error.status, error.message)
+        return error_response(error, metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return error_response(ApiError(400, f"invalid request: {error.errors()[:1]}"), metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        return error_response(ApiError(error.status_code, str(error.detail), code=code), metrics)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": {"message": "internal server error", "type": "server_error", "param": None,
+                                       "code": "internal_error"}}, status_code=500)

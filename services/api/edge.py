@@ -1,0 +1,118 @@
+"""What every route shares at the HTTP edge: the app state, bounded body reading, JSON
+errors, bearer-token auth, and watching for a client that went away."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from services.api.generation import Generation, Output
+from services.api.inputs import ModelInfo, Prepared
+from services.api.loop import ApiLoop
+from services.api.metrics import ApiMetrics
+from services.api.protocol import ApiError
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+CLIENT_GONE = "client disconnected"
+
+
+@dataclass
+class ApiState:
+    loop: ApiLoop
+    tokenizer: object
+    info: ModelInfo
+    metrics: ApiMetrics
+    max_body_bytes: int
+    api_key: str | None = None
+    started: int = field(default_factory=lambda: int(time.time()))
+    rest: object = None  # services.api.rest_store.RestStore, set by the app factory
+
+    def generation(self, prepared: Prepared) -> Generation:
+        prefix = "chatcmpl" if prepared.kind == "chat" else "cmpl"
+        return Generation(self.loop, self.tokenizer, prepared, self.metrics, f"{prefix}-{uuid.uuid4().hex}")
+
+
+def state_of(request) -> ApiState:
+    return request.app.state.api
+
+
+def error_response(error: ApiError, metrics: ApiMetrics | None = None) -> JSONResponse:
+    if metrics is not None:
+        metrics.rejected.labels(status=str(error.status)).inc()
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) one over `limit` bytes without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit} bytes",
+                       code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def outputs_until_disconnect(gen: Generation,
+                                   is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[Output]:
+    """The generation's outputs; checks every DISCONNECT_POLL_S that the client is still
+    there (also while the request is queued and nothing flows) and aborts it if not."""
+    next_check = time.monotonic() + DISCONNECT_POLL_S
+    while not gen.finished:
+        try:
+            out = await gen.next(timeout=max(0.0, next_check - time.monotonic()))
+        except TimeoutError:
+            out = None
+        if out is not None:
+            yield out
+        if time.monotonic() >= next_check and not gen.finished:
+            if await is_disconnected():
+                gen.abort(CLIENT_GONE)
+                return
+            next_check = time.monotonic() + DISCONNECT_POLL_S
+
+
+class AuthMiddleware:
+    """Pure ASGI: every /v1 and /admin route needs `Authorization: Bearer <key>`.
+
+    HTTP gets a 401 JSON error; a WebSocket is accepted, told {"type": "error", "status": 401}
+    and closed, as the stream protocol says."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or not self.api_key or self._allowed(scope):
+            return await self.app(scope, receive, send)
+        error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                         code="invalid_api_key", type="authentication_error")
+        if scope["type"] == "http":
+            return await error_response(error)(scope, receive, send)
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return None
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send",
+                    "text": json.dumps({"type": "error", "status": 401, "message": error.message})})
+        await send({"type": "websocket.close", "code": 1008})
+
+    def _allowed(self, scope) -> bool:
+        path = scope.get("path", "")
+        if not (path.startswith("/v1") or path.startswith("/admin")):
+            return True
+        headers = dict(scope.get("headers") or [])
+        value = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = value.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())

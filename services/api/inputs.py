@@ -1,0 +1,191 @@
+"""A validated body -> what the api submits: prompt token ids, SamplingParams, stop strings.
+
+Every check that can fail runs here, before anything is sent, so a rejected request
+changes nothing. Errors are ApiError with the OpenAI status and code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from shared.messages import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
+DEFAULT_CHAT_MAX_TOKENS = 1024  # chat: the rest of the context, capped at this
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 32
+_INT64 = (-(2**63), 2**63 - 1)
+_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass
+class ModelInfo:
+    served_name: str
+    max_model_len: int
+    vocab_size: int
+    aliases: set[str] = field(default_factory=set)  # lower-cased names also accepted
+
+    def accepts(self, name: str | None) -> bool:
+        return name is None or name == self.served_name or name.lower() in self.aliases
+
+
+@dataclass
+class Prepared:
+    kind: str  # "completion" or "chat"
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stop: list[str]
+    priority: int = 0
+    tenant: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+
+
+def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo) -> Prepared:
+    """Validate and tokenize; raises ApiError for any bad input."""
+    if not info.accepts(body.model):
+        raise ApiError(404, f"the model '{body.model}' does not exist (this server serves '{info.served_name}')",
+                       code="model_not_found", param="model")
+    _check_unsupported(body)
+    if isinstance(body, ChatCompletionRequest):
+        prompt_ids = _chat_prompt(body, tokenizer)
+        kind, max_tokens = "chat", body.max_completion_tokens if body.max_completion_tokens is not None \
+            else body.max_tokens
+        default_max = min(DEFAULT_CHAT_MAX_TOKENS, info.max_model_len - len(prompt_ids))
+        logprobs = _chat_logprobs(body)
+    else:
+        prompt_ids = _completion_prompt(body, tokenizer, info)
+        kind, max_tokens, default_max = "completion", body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        logprobs = _bounded(body.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+    if not prompt_ids:
+        raise ApiError(400, "the prompt is empty", code="empty_prompt", param="prompt")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    max_tokens = default_max if max_tokens is None else max_tokens
+    if len(prompt_ids) >= info.max_model_len or len(prompt_ids) + max_tokens > info.max_model_len:
+        raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the prompt has "
+                       f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
+                       code="context_length_exceeded", param="max_tokens")
+    sampling = _sampling(body, max_tokens, logprobs, info)
+    options = body.stream_options
+    return Prepared(kind=kind, model=info.served_name, prompt_token_ids=prompt_ids, sampling=sampling,
+                    stop=_stop_strings(body.stop), priority=_bounded(body.priority, "priority", *_INT64),
+                    tenant=body.user, stream=body.stream, include_usage=bool(options and options.include_usage),
+                    continuous_usage=bool(options and options.continuous_usage_stats))
+
+
+def _check_unsupported(body) -> None:
+    if body.n != 1:
+        raise ApiError(400, f"n={body.n} is not supported yet: only n=1", param="n",
+                       code="unsupported" if body.n > 1 else "invalid_value")
+    if body.logit_bias:
+        raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported")
+    if isinstance(body, CompletionRequest):
+        if body.best_of not in (None, 1):
+            raise ApiError(400, "best_of other than 1 is not supported yet", param="best_of", code="unsupported")
+        if body.echo:
+            raise ApiError(400, "echo is not supported yet", param="echo", code="unsupported")
+        if body.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix", code="unsupported")
+
+
+def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) > 1:
+            raise ApiError(400, "batched prompts (a list of several prompts) are not supported yet: send one",
+                           param="prompt", code="unsupported")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt) if prompt else []
+    bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+    if bad:
+        raise ApiError(400, f"prompt token id {bad[0]} is out of range [0, {info.vocab_size})", param="prompt")
+    return list(prompt)
+
+
+def _chat_prompt(body: ChatCompletionRequest, tokenizer) -> list[int]:
+    if not body.messages:
+        raise ApiError(400, "messages is empty: send at least one message", code="empty_prompt", param="messages")
+    messages = []
+    for i, m in enumerate(body.messages):
+        if m.role not in _CHAT_ROLES:
+            raise ApiError(400, f"messages[{i}].role {m.role!r} is not one of {sorted(_CHAT_ROLES)}",
+                           param="messages")
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": _content(m.content, i)})
+    if not any(m["content"] for m in messages):
+        raise ApiError(400, "every message is empty", code="empty_prompt", param="messages")
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except Exception as e:  # a template that rejects the conversation (e.g. role order) is bad input
+        raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
+
+
+def _content(content, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"messages[{index}].content: only text parts are supported, got {part.type!r}",
+                           param="messages", code="unsupported")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _chat_logprobs(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    if not body.logprobs:
+        return None
+    return _bounded(body.top_logprobs or 0, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+
+
+def _sampling(body, max_tokens: int, logprobs: int | None, info: ModelInfo) -> SamplingParams:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ApiError(400, f"temperature must be a finite number >= 0, got {temperature}", param="temperature")
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p")
+    top_k = 0 if body.top_k in (None, -1) else _bounded(body.top_k, "top_k", 0, info.vocab_size)
+    min_p = 0.0 if body.min_p is None else body.min_p
+    if not 0 <= min_p <= 1:
+        raise ApiError(400, f"min_p must be in [0, 1], got {min_p}", param="min_p")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name) or 0.0
+        if not -2 <= value <= 2:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {value}", param=name)
+        penalties[name] = value
+    repetition = 1.0 if body.repetition_penalty is None else body.repetition_penalty
+    if not 0 < repetition <= 2:
+        raise ApiError(400, f"repetition_penalty must be in (0, 2], got {repetition}", param="repetition_penalty")
+    stop_ids = list(body.stop_token_ids or [])
+    bad = [t for t in stop_ids if not 0 <= t < info.vocab_size]
+    if bad:
+        raise ApiError(400, f"stop_token_ids: {bad[0]} is out of range [0, {info.vocab_size})",
+                       param="stop_token_ids")
+    seed = None if body.seed is None else _bounded(body.seed, "seed", *_INT64)
+    return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), top_k=top_k,
+                          min_p=float(min_p), seed=seed, stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
+                          logprobs=logprobs, repetition_penalty=float(repetition),
+                          presence_penalty=float(penalties["presence_penalty"]),
+                          frequency_penalty=float(penalties["frequency_penalty"]), n=1)
+
+
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+    return [s for s in stops if s]
+
+
+def _bounded(value: int | None, name: str, low: int, high: int) -> int | None:
+    if value is not None and not low <= value <= high:
+        raise ApiError(400, f"{name} must be in [{low}, {high}], got {value}", param=name)
+    return value

@@ -1,0 +1,132 @@
+"""Entry point of the api service: `python -m services.api.main [options]`.
+
+Bad config fails at start with the option named (exit 2); Redis being down at start is
+not an error: the api retries in the background and /ready says what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from services.api.app import ApiConfig, create_app
+from services.api.inputs import ModelInfo
+from shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
+
+log = logging.getLogger("pagedserve.api")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="smollm2", help="model name or path (tokenizer, context length)")
+    parser.add_argument("--served-model-name", default=None, help="name clients use (default: --model)")
+    parser.add_argument("--api-key", default=env("PAGEDSERVE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1 and /admin (env PAGEDSERVE_API_KEY)")
+    parser.add_argument("--redis-url", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--prefix", default=env("PAGEDSERVE_PREFIX", "pagedserve"), help="Redis key prefix")
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (413 above)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--log-level", default=env("PAGEDSERVE_LOG_LEVEL", "info").lower(), type=str.lower,
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn)")
+
+
+def config_from_args(args: argparse.Namespace) -> ApiConfig:
+    """ApiConfig from parsed options; ConfigError naming the option for a bad value."""
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port={args.port}: must be in 1..65535")
+    if args.max_body_bytes < 1024:
+        raise ConfigError(f"--max-body-bytes={args.max_body_bytes}: must be at least 1024")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise ConfigError(f"--max-model-len={args.max_model_len}: must be at least 2")
+    if not args.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"--redis-url={args.redis_url!r}: expected redis://, rediss:// or unix://")
+    if not args.prefix or any(c.isspace() for c in args.prefix):
+        raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key: must not be empty")
+    try:
+        resolve_model(args.model)
+    except ValueError as e:
+        raise ConfigError(f"--model={args.model!r}: {e}") from None
+    return ApiConfig(model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url,
+                     prefix=args.prefix, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                     max_model_len=args.max_model_len)
+
+
+def load_model_info(config: ApiConfig, tokenizer) -> ModelInfo:
+    """Served name, aliases, context length (max_position_embeddings unless overridden)."""
+    path = resolve_model(config.model)
+    max_len = config.max_model_len or _context_length(path)
+    aliases = {config.model.lower(), config.served_name.lower()}
+    if _is_smollm2(path):
+        aliases |= {n.lower() for n in SMOLLM2_NAMES}
+    return ModelInfo(served_name=config.served_name, max_model_len=max_len, vocab_size=tokenizer.vocab_size,
+                     aliases=aliases)
+
+
+def _is_smollm2(path: str) -> bool:
+    try:
+        return os.path.realpath(path) == os.path.realpath(smollm2_gguf_path())
+    except ValueError:
+        return False
+
+
+def _context_length(path: str) -> int:
+    from services.gpu_worker.model_config import ModelConfig
+
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            return ModelConfig.from_hf_config(json.load(f)).max_position_embeddings
+    from gguf import GGUFReader
+
+    from shared.model_source import find_gguf_in_dir
+
+    gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
+    return ModelConfig.from_gguf(GGUFReader(gguf_file)).max_position_embeddings
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ConfigError as e:
+        print(f"pagedserve api: invalid config: {e}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from shared.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    info = load_model_info(config, tokenizer)
+    app = create_app(config, tokenizer, info)
+    log.info("api listening on http://%s:%d (model %s, auth %s)", args.host, args.port, info.served_name,
+             "on" if config.api_key else "off")
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=args.access_log, ws_max_size=2 * config.max_body_bytes,
+                                           timeout_graceful_shutdown=5))
+    # uvicorn re-raises the stop signal on itself after a clean shutdown; keep exit 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedserve api", description="pagedserve HTTP/WebSocket api")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models.
+
+Everything that can reject a request (body, validation, tokenizing, the submit itself)
+happens before a response starts, so a 4xx/503 never follows a 200 that already opened a
+stream. A client that goes away, streaming or not, running or still queued, aborts its
+request within DISCONNECT_POLL_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from services.api import openai_format as fmt
+from services.api.edge import CLIENT_GONE, outputs_until_disconnect, read_body, state_of
+from services.api.generation import Generation
+from services.api.inputs import prepare
+from services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+
+log = logging.getLogger("pagedserve.api")
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = state_of(request)
+    card = {"id": state.info.served_name, "object": "model", "created": state.started, "owned_by": "pagedserve",
+            "root": state.info.served_name, "parent": None, "max_model_len": state.info.max_model_len}
+    return {"object": "list", "data": [card]}
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _serve(request, CompletionRequest)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, ChatCompletionRequest)
+
+
+async def _serve(request: Request, cls) -> Response:
+    state = state_of(request)
+    body = parse_body(await read_body(request, state.max_body_bytes), cls)
+    prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
+    gen = state.generation(prepared)
+    await gen.start()
+    if prepared.stream:
+        return GenerationStream(gen, _sse_events(gen, request))
+    try:
+        async for _ in outputs_until_disconnect(gen, request.is_disconnected):
+            pass
+    finally:
+        gen.close("request handler ended early")
+    if gen.why == CLIENT_GONE:
+        log.info("request %s: client hung up, aborted", gen.request_id)
+        return Response(status_code=499)
+    body = fmt.chat_response(gen) if prepared.kind == "chat" else fmt.completion_response(gen)
+    return JSONResponse(body)
+
+
+async def _sse_events(gen: Generation, request: Request):
+    chat = gen.prepared.kind == "chat"
+    logprobs = gen.prepared.sampling.logprobs is not None
+    if chat:
+        yield fmt.sse(fmt.chat_role_chunk(gen))
+    text_offset = 0
+    async for out in outputs_until_disconnect(gen, request.is_disconnected):
+        if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
+            continue  # nothing a client can use yet (e.g. half a character)
+        yield fmt.sse(fmt.chat_chunk(gen, out) if chat else fmt.completion_chunk(gen, out, text_offset))
+        text_offset += len(out.text)
+    if gen.why == CLIENT_GONE:
+        return
+    if gen.prepared.include_usage:
+        yield fmt.sse(fmt.usage_chunk(gen))
+    yield fmt.sse("[DONE]")
+
+
+class GenerationStream(StreamingResponse):
+    """An SSE response that aborts its generation however the stream ends (client gone,
+    write error, cancellation), not only when its iterator is finalized."""
+
+    def __init__(self, gen: Generation, content):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.gen = gen
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.close("stream ended early")

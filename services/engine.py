@@ -1,0 +1,121 @@
+"""The in-process engine: scheduler, block manager and worker driven by one step loop.
+
+The same three pure objects run as separate services over Redis; here the messages are
+passed as objects. One step: scheduler.schedule() -> block_manager.step() ->
+scheduler.on_alloc() -> worker.execute() -> scheduler.on_result().
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from services.gpu_worker.worker import Worker
+from services.kvstore.block_manager import BlockManager
+from services.scheduler.policy import FCFSPolicy
+from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
+from shared.config import EngineConfig
+from shared.messages import RequestDelta, SamplingParams
+
+
+@dataclass
+class GenerationOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    text: str | None = None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        self.config = config or EngineConfig(**overrides)
+        self.worker = Worker(self.config)
+        model_config = self.worker.model_config
+        self.max_model_len = self.config.max_model_len or model_config.max_position_embeddings
+        self.eos_token_ids = list(model_config.eos_token_ids)
+        self.block_manager = BlockManager(self.worker.num_blocks, self.config.block_size,
+                                          enable_prefix_caching=self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs=self.config.max_num_seqs,
+                                   max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len)
+        self._ids = itertools.count()
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from shared.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.model)
+        return self._tokenizer
+
+    def validate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        """Bad input raises ValueError with a reason and changes nothing."""
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty")
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+        vocab = self.worker.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_token_ids) + sampling.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling.max_tokens}) "
+                             f"exceeds the model's context of {self.max_model_len} tokens")
+
+    def add_request(self, prompt: list[int] | str, sampling: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        sampling = sampling or SamplingParams()
+        prompt_token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.validate(prompt_token_ids, sampling)
+        request_id = request_id or f"req-{next(self._ids)}"
+        self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling, self.eos_token_ids,
+                                           arrival_time=time.monotonic()))
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        # has_requests also counts finished/aborted ids whose blocks the next step frees,
+        # so a loop on this ends with every block back in the pool
+        return self.scheduler.has_requests()
+
+    def step(self) -> list[RequestDelta]:
+        alloc = self.scheduler.schedule()
+        reply = self.block_manager.step(alloc)
+        plan = self.scheduler.on_alloc(reply)
+        result = self.worker.execute(plan)
+        return self.scheduler.on_result(result)
+
+    def generate(self, prompts: list[list[int] | str], sampling: SamplingParams | list[SamplingParams] | None = None,
+                 decode: bool = False) -> list[GenerationOutput]:
+        """Run every prompt to completion; outputs in the prompts' order."""
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        outputs: dict[str, GenerationOutput] = {}
+        order = []
+        for prompt, p in zip(prompts, params, strict=False):
+            request_id = self.add_request(prompt, p)
+            order.append(request_id)
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            outputs[request_id] = GenerationOutput(request_id, ids)
+        while self.has_unfinished_requests():
+            self.collect(self.step(), outputs)
+        if decode:
+            for out in outputs.values():
+                out.text = self.tokenizer.decode(out.token_ids)
+        return [outputs[r] for r in order]
+
+    @staticmethod
+    def collect(deltas: list[RequestDelta], outputs: dict[str, GenerationOutput]) -> None:
+        for delta in deltas:
+            out = outputs.get(delta.request_id)
+            if out is None:
+                continue
+            out.token_ids.extend(delta.new_token_ids)
+            out.num_cached_tokens = max(out.num_cached_tokens, delta.num_cached_tokens)
+            if delta.finish_reason is not None:
+                out.finish_reason = delta.finish_reason

@@ -1,0 +1,26 @@
+"""Paged attention backends: one interface (`AttentionBackend`), a torch path for the CPU and
+Triton kernels for GPUs, plus a dense reference used only by tests."""
+
+from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
+
+BACKENDS = ("torch", "triton", "reference")
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """A fresh backend by name. Imports lazily: only "triton" needs the triton package."""
+    if name == "torch":
+        from services.gpu_worker.attention.torch_paged import TorchPagedBackend
+
+        return TorchPagedBackend()
+    if name == "triton":
+        from services.gpu_worker.attention.triton_paged import TritonPagedBackend
+
+        return TritonPagedBackend()
+    if name == "reference":
+        from services.gpu_worker.attention.reference import ReferenceBackend
+
+        return ReferenceBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "get_backend"]

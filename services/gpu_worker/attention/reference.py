@@ -1,0 +1,40 @@
+"""Dense attention reference for tests: gathers each request's context out of the pool
+token by token and runs plain softmax attention in float32. Slow and obviously right."""
+
+from __future__ import annotations
+
+import torch
+
+from services.gpu_worker.attention.metadata import AttentionMetadata
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
+        num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+        flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
+        flat[0, meta.slot_mapping] = key.to(kv_cache.dtype)
+        flat[1, meta.slot_mapping] = value.to(kv_cache.dtype)
+
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        block_size = kv_cache.shape[2]
+        num_heads, num_kv_heads = query.shape[1], kv_cache.shape[3]
+        group = num_heads // num_kv_heads
+        out = torch.empty_like(query)
+        start = 0
+        for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=False)):
+            positions = torch.arange(s_len)
+            blocks = meta.block_tables[i, positions // block_size].long()
+            k = kv_cache[0, blocks, positions % block_size].float()  # [s_len, Hkv, D]
+            v = kv_cache[1, blocks, positions % block_size].float()
+            k = k.repeat_interleave(group, dim=1)  # [s_len, Hq, D]
+            v = v.repeat_interleave(group, dim=1)
+            q = query[start : start + q_len].float()  # [q_len, Hq, D]
+            scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            q_pos = torch.arange(s_len - q_len, s_len)
+            mask = positions[None, :] > q_pos[:, None]  # [q_len, s_len] future keys
+            scores.masked_fill_(mask[None], float("-inf"))
+            out[start : start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+            start += q_len
+        return out

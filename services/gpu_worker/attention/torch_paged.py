@@ -1,0 +1,182 @@
+"""Paged attention in plain torch: the CPU serving path.
+
+attend() splits the step's ragged batch in two (see metadata.py for the batch semantics):
+- decodes (query_len 1) are sorted by context length and cut into a few buckets; each bucket
+  gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
+  scaled_dot_product_attention with a key-padding mask. GQA costs no copy: the group's query
+  heads become the query rows, q [b, Hkv, group, D] against k [b, Hkv, L, D].
+- prefill chunks (query_len > 1) run one SDPA each over their gathered context, causal with
+  the offset of the cached context; the group again rides along for free, as an expanded
+  (stride 0) head dimension of K/V.
+
+Why buckets: SDPA's cost grows with the padded key length, so padding every decode to the
+longest context (contexts spread over 64..800) costs about 2.2x the bucketed version, while an
+extra bucket costs only a few small ops; a bucket is cut where the padding the next request
+would add exceeds PAD_TOKENS_PER_CALL key positions (measured with bench_attention).
+Why a workspace: the gather writes tens of MB per layer; into a fresh tensor that is mostly
+page faults (about 4x slower than into memory that is already mapped), so gathers go into one
+grow-only buffer that every layer reuses.
+Tried and dropped: gathering head-major ([2, Hkv, blocks, block_size, D], so that SDPA reads
+contiguous K rows) makes SDPA faster but the gather slower, about 10% worse in total; manual
+bmm + softmax is slower than SDPA, and SDPA's enable_gqa is slower than the row/stride tricks.
+The split, the index tensors and the masks depend only on the metadata, which is the same for
+every layer of a step, so they are built once per step (keyed by the metadata object) and
+reused by all layers.
+Padded key positions are masked out, but their values still enter SDPA (weight exactly 0):
+the pool must hold finite numbers, which it does (zero-initialised, written with K/V).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.gpu_worker.attention.metadata import AttentionMetadata
+
+# A new decode bucket is opened once the padding the next request would add to the current
+# bucket exceeds this many key positions. On 64 decodes with contexts 64..800 (1 thread),
+# 16..128 are equally good, 256 is about 1.3x slower, 1024 1.8x, a single bucket 2.2x.
+PAD_TOKENS_PER_CALL = 64
+
+
+@dataclass
+class _DecodeBucket:
+    token_idx: torch.Tensor  # int64 [b], flat token index of each decode request's query
+    block_ids: torch.Tensor  # int64 [b * num_blocks], block tables row-major, padded with 0
+    num_blocks: int  # blocks per request in this bucket (the longest one's count)
+    mask: torch.Tensor  # bool [b, 1, 1, num_blocks * block_size], True = key is in context
+
+
+@dataclass
+class _Prefill:
+    start: int  # flat token range [start, start + q_len)
+    q_len: int
+    seq_len: int
+    block_ids: torch.Tensor  # int64 [num_blocks] covering seq_len positions
+    mask: torch.Tensor | None  # bool [q_len, seq_len] causal with offset; None = no context
+
+
+@dataclass
+class _Plan:
+    meta: AttentionMetadata  # held so that its id cannot be reused by a later step's metadata
+    block_size: int
+    decodes: list[_DecodeBucket]
+    prefills: list[_Prefill]
+    workspace_rows: int  # most blocks any single gather needs
+
+
+def _blocks_for(seq_len: int, block_size: int) -> int:
+    return (seq_len + block_size - 1) // block_size
+
+
+def _bucket_decodes(requests: list[int], seq_lens: list[int], block_size: int) -> list[list[int]]:
+    """Sort decode requests by context length; cut where padding gets dearer than a call."""
+    order = sorted(requests, key=lambda i: seq_lens[i])
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    width = 0  # padded key length of the current bucket
+    for i in order:
+        need = _blocks_for(seq_lens[i], block_size) * block_size
+        if current and (need - width) * len(current) > PAD_TOKENS_PER_CALL:
+            buckets.append(current)
+            current = []
+        current.append(i)
+        width = need
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _build_plan(meta: AttentionMetadata, block_size: int) -> _Plan:
+    q_lens, s_lens = meta.query_lens_cpu, meta.seq_lens_cpu
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    tables = meta.block_tables.to("cpu", torch.int64)
+    device = meta.block_tables.device
+    decodes, prefills, rows = [], [], 1
+    decode_reqs = [i for i, q in enumerate(q_lens) if q == 1]
+    for bucket in _bucket_decodes(decode_reqs, s_lens, block_size):
+        nb = _blocks_for(max(s_lens[i] for i in bucket), block_size)
+        idx = torch.tensor(bucket, dtype=torch.int64)
+        lens = torch.tensor([s_lens[i] for i in bucket], dtype=torch.int64)
+        mask = torch.arange(nb * block_size)[None, :] < lens[:, None]
+        decodes.append(_DecodeBucket(
+            token_idx=torch.tensor([starts[i] for i in bucket], dtype=torch.int64, device=device),
+            block_ids=tables[idx, :nb].reshape(-1).to(device),
+            num_blocks=nb,
+            mask=mask[:, None, None, :].to(device),
+        ))
+        rows = max(rows, len(bucket) * nb)
+    for i, (q, s) in enumerate(zip(q_lens, s_lens, strict=True)):
+        if q <= 1:
+            continue  # decodes are bucketed above; empty queries have nothing to compute
+        nb = _blocks_for(s, block_size)
+        mask = None
+        if s > q:  # query row r sits at position s - q + r and sees keys 0 .. s - q + r
+            mask = (torch.arange(s)[None, :] <= torch.arange(s - q, s)[:, None]).to(device)
+        prefills.append(_Prefill(starts[i], q, s, tables[i, :nb].to(device), mask))
+        rows = max(rows, nb)
+    return _Plan(meta, block_size, decodes, prefills, rows)
+
+
+class TorchPagedBackend:
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+        self._workspace: torch.Tensor | None = None  # flat, grow-only, reused by every layer
+
+    def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
+        # flat view [2, num_blocks * block_size, Hkv, D]: row = slot
+        flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
+        flat[0].index_copy_(0, meta.slot_mapping, key.to(kv_cache.dtype))
+        flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
+
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+        num_heads = query.shape[1]
+        group = num_heads // num_kv_heads
+        plan = self._plan_for(meta, block_size)
+        # per block one contiguous row of block_size * Hkv * D elements: K at [0], V at [1]
+        by_block = kv_cache.view(2, num_blocks, -1)
+        ws = self._workspace_for(2 * plan.workspace_rows * by_block.shape[2], kv_cache)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
+        for b in plan.decodes:
+            n = b.token_idx.numel()
+            kv = self._gather(by_block, b.block_ids, ws).view(2, n, -1, num_kv_heads, head_dim)
+            q = query.index_select(0, b.token_idx).view(n, num_kv_heads, group, head_dim)
+            o = F.scaled_dot_product_attention(
+                q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), attn_mask=b.mask, scale=scale)
+            out.index_copy_(0, b.token_idx, o.reshape(n, num_heads, head_dim))
+        for p in plan.prefills:
+            kv = self._gather(by_block, p.block_ids, ws).view(2, -1, num_kv_heads, head_dim)
+            # K/V [Hkv, group (stride 0), s, D]; q [Hkv, group, q_len, D]
+            k = kv[0, : p.seq_len].transpose(0, 1)[:, None].expand(-1, group, -1, -1)
+            v = kv[1, : p.seq_len].transpose(0, 1)[:, None].expand(-1, group, -1, -1)
+            q = query[p.start : p.start + p.q_len].view(p.q_len, num_kv_heads, group, head_dim)
+            o = F.scaled_dot_product_attention(
+                q.permute(1, 2, 0, 3), k, v, attn_mask=p.mask, is_causal=p.mask is None, scale=scale)
+            out[p.start : p.start + p.q_len] = o.permute(2, 0, 1, 3).reshape(p.q_len, num_heads, head_dim)
+        return out
+
+    def _plan_for(self, meta: AttentionMetadata, block_size: int) -> _Plan:
+        plan = self._plan
+        if plan is None or plan.meta is not meta or plan.block_size != block_size:
+            plan = self._plan = _build_plan(meta, block_size)
+        return plan
+
+    def _workspace_for(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        ws = self._workspace
+        if ws is None or ws.numel() < numel or ws.dtype != like.dtype or ws.device != like.device:
+            ws = self._workspace = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return ws
+
+    @staticmethod
+    def _gather(by_block: torch.Tensor, block_ids: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+        """[2, n, row] copy of the listed blocks (K and V), written into the workspace."""
+        shape = (2, block_ids.numel(), by_block.shape[2])
+        dst = ws[: shape[0] * shape[1] * shape[2]].view(shape)
+        return torch.index_select(by_block, 1, block_ids, out=dst)

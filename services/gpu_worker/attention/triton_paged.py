@@ -1,0 +1,195 @@
+"""Paged attention in Triton: the GPU serving path (also runs under TRITON_INTERPRET=1 on CPU
+tensors, which is how the tests check it).
+
+Two kernels:
+- _reshape_and_cache: one program per new token copies its K and V [Hkv, D] into the pool at
+  its slot (block = slot // block_size, offset = slot % block_size).
+- _paged_attention: one program per (query tile, kv head). A tile is up to BLOCK_Q consecutive
+  new tokens of one request; its rows are (token, query head of the kv head's group) pairs,
+  row r = token r // GROUP, head kv_head * GROUP + r % GROUP, so K/V are read once per group
+  (GQA without copies). The program walks the request's keys BLOCK_N at a time, translating
+  each key position to its slot through the block table (so BLOCK_N is independent of the
+  block size and a context may end mid-block), with an online softmax (running max m_i,
+  running sum l_i, rescaled accumulator) and the causal bound of each row: the row's token at
+  position seq_len - query_len + t sees keys 0 .. that position. Keys at or past the tile's
+  last position are never loaded.
+The same kernel is launched twice per step, specialised: decode tiles (query_len 1,
+BLOCK_Q = 1, few rows) and prefill tiles (BLOCK_Q chosen so a tile has about 64 rows).
+
+To run on CPU tensors, TRITON_INTERPRET=1 must be in the environment before triton is first
+imported: triton.jit reads it when it decorates, triton's own library functions (tl.max, ...)
+included.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from services.gpu_worker.attention.metadata import AttentionMetadata
+
+_LOG2_E = 1.4426950408889634
+# as seen by the triton.jit decorations below: kernels then run on CPU tensors
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+ROWS_PER_TILE = 64  # target rows (token x group head) of a prefill tile
+BLOCK_N = 32  # keys per inner step
+
+
+@triton.jit
+def _reshape_and_cache(K, V, KC, VC, slots, stride_kt, stride_kh, stride_vt, stride_vh,
+                       stride_cb, stride_cs, stride_ch, NUM_KV_HEADS: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, H_PAD: tl.constexpr,
+                       D_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slots + t).to(tl.int64)
+    h = tl.arange(0, H_PAD)[:, None]
+    d = tl.arange(0, D_PAD)[None, :]
+    ok = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
+    k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok)
+    v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok)
+    tl.store(KC + dst, k.to(KC.dtype.element_ty), mask=ok)
+    tl.store(VC + dst, v.to(VC.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_seq, tile_q0,
+                     qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs,
+                     stride_ch, stride_bt, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq + tile)
+    q0 = tl.load(tile_q0 + tile)  # first token of the tile, counted within the request
+    q_begin = tl.load(query_start + seq)
+    q_len = tl.load(query_start + seq + 1) - q_begin
+    seq_len = tl.load(seq_lens + seq)
+    context = seq_len - q_len  # keys cached before this step
+
+    r = tl.arange(0, BLOCK_M)
+    tok = q0 + r // GROUP
+    head = kv_head * GROUP + r % GROUP
+    row_ok = (r < BLOCK_Q * GROUP) & (tok < q_len)
+    pos = context + tok  # >= 0 for every row, so key 0 is visible and m_i is finite after step 1
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    q_rows = (q_begin + tok).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, D_PAD]
+    if UPCAST:  # the interpreter multiplies bf16 operands of tl.dot as raw uint16 bits
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    kv_end = tl.minimum(seq_len, context + q0 + BLOCK_Q)  # one past the tile's last position
+    table = block_tables + seq.to(tl.int64) * stride_bt
+    for start in range(0, kv_end, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < kv_end
+        block = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        at = block * stride_cb + (n % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [BLOCK_N]
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(KC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)  # [BLOCK_N, D_PAD]
+        v = tl.load(VC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # log2 domain
+        visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@dataclass
+class _Launch:
+    tile_seq: torch.Tensor  # int32 [tiles], request of each tile
+    tile_q0: torch.Tensor  # int32 [tiles], first token of each tile within its request
+    block_q: int
+
+
+@dataclass
+class _Plan:
+    meta: AttentionMetadata  # held so that its id cannot be reused by a later step's metadata
+    group: int
+    launches: list[_Launch]
+
+
+def _build_plan(meta: AttentionMetadata, group: int) -> _Plan:
+    device = meta.seq_lens.device
+    prefill_q = max(1, ROWS_PER_TILE // group)
+    decode_seqs = [i for i, q in enumerate(meta.query_lens_cpu) if q == 1]
+    prefill_tiles = [(i, t0) for i, q in enumerate(meta.query_lens_cpu) if q > 1
+                     for t0 in range(0, q, prefill_q)]
+    launches = []
+    for tiles, block_q in (([(i, 0) for i in decode_seqs], 1), (prefill_tiles, prefill_q)):
+        if tiles:
+            seqs, q0s = zip(*tiles, strict=True)
+            launches.append(_Launch(torch.tensor(seqs, dtype=torch.int32, device=device),
+                                    torch.tensor(q0s, dtype=torch.int32, device=device), block_q))
+    return _Plan(meta, group, launches)
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("TritonPagedBackend needs GPU tensors; for CPU tensors set TRITON_INTERPRET=1 "
+                           "before triton is first imported")
+
+
+def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class TritonPagedBackend:
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+
+    def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
+        num_tokens = key.shape[0]
+        if num_tokens == 0:
+            return
+        _check_device(kv_cache)
+        key, value = _last_dim_dense(key), _last_dim_dense(value)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        _reshape_and_cache[(num_tokens,)](
+            key, value, k_cache, v_cache, meta.slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim))
+
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        _check_device(kv_cache)
+        query = _last_dim_dense(query)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        group = query.shape[1] // num_kv_heads
+        plan = self._plan
+        if plan is None or plan.meta is not meta or plan.group != group:
+            plan = self._plan = _build_plan(meta, group)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
+        for launch in plan.launches:
+            _paged_attention[(launch.tile_seq.numel(), num_kv_heads)](
+                query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens,
+                meta.query_start_loc, launch.tile_seq, launch.tile_q0, scale * _LOG2_E,
+                query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
+                GROUP=group, BLOCK_Q=launch.block_q,
+                BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), BLOCK_N=BLOCK_N,
+                BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
+                UPCAST=INTERPRETED and k_cache.dtype == torch.bfloat16)
+        return out

@@ -1,0 +1,47 @@
+"""The physical KV block pool: allocated once at start, owned by the worker.
+
+One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim] (K then V), so a
+block id means the same rows in every layer. The worker only reports num_blocks; which
+block belongs to whom is the kvstore's business.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.gpu_worker.model_config import ModelConfig
+from shared.config import EngineConfig, parse_size
+
+
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+def num_blocks_for(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+    """How many blocks fit the budget: bytes on CPU, a fraction of free memory on a GPU."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * config.gpu_memory_utilization)
+    else:
+        budget = parse_size(config.kv_cache_memory)
+    num_blocks = budget // bytes_per_block(model, config.block_size, dtype)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory={config.kv_cache_memory!r} holds no block of this model")
+    return num_blocks
+
+
+class KVPool:
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        # zeros, not empty: a never-written slot must not hold NaN that a masked lane reads
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv_caches)

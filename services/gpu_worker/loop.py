@@ -1,0 +1,139 @@
+"""The worker service's Redis loop: the only worker file that touches Redis.
+
+Start: skip whatever waits on its plan stream (meant for a dead predecessor), heartbeat
+"worker:<id>", then say hello (pool size, block size, model limits) on worker_hello: the
+heartbeat comes first, so a peer that reads the hello finds the heartbeat of the same
+incarnation. Then one StepResult on worker_results per StepPlan read from
+worker_plan(<id>) (group "worker"). Plans run in a thread so the heartbeat goes on
+during a long step.
+
+Never dies of a bad plan: a plan that does not decode is answered with an empty result
+(when its step_id can be read); requests it cannot run (unknown id, token or block id out
+of range, too few blocks) are dropped from the plan with an error line, so they are
+missing from the result; a plan whose execution raises anyway gets an empty result. The
+scheduler resets after any such answer, as after the empty result a fresh worker gives
+every plan until the scheduler's first reset=True one. A non-reset plan whose step_id is
+not above the last one is a redelivery and is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from shared import redis_io
+from shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
+from shared.redis_io import Entry, Heartbeat
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.worker")
+
+GROUP = "worker"
+HELLO_MAXLEN = 1000
+
+
+class WorkerLoop:
+    def __init__(self, r, keys: Keys, worker, worker_id: str, model: str, max_model_len: int) -> None:
+        self.r, self.keys, self.worker, self.worker_id = r, keys, worker, worker_id
+        self.model, self.max_model_len = model, max_model_len
+        self.incarnation = uuid.uuid4().hex
+        self.last_step_id: int | None = None
+        self.synced = False  # a reset plan has come since this worker started
+
+    async def run(self, stop: asyncio.Event) -> int:
+        plans = self.keys.worker_plan(self.worker_id)
+        await redis_io.ensure_group(self.r, plans, GROUP, skip_backlog=True)
+        heartbeat = Heartbeat(self.r, self.keys, f"worker:{self.worker_id}", self.incarnation)
+        await heartbeat.start()
+        hello = WorkerHello(self.worker_id, self.worker.num_blocks, self.worker.block_size, self.model,
+                            self.max_model_len, list(self.worker.model_config.eos_token_ids))
+        await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
+        log.info("worker %s ready: said hello (num_blocks=%d block_size=%d max_model_len=%d) incarnation=%s",
+                 self.worker_id, hello.num_blocks, hello.block_size, hello.max_model_len, self.incarnation)
+        consumer = f"worker-{self.worker_id}"
+        backoff = redis_io.Backoff()
+        try:
+            while not stop.is_set():
+                try:
+                    for entry in await redis_io.read_group(self.r, GROUP, consumer, {plans: (StepPlan,)}, 1000):
+                        result = await self._execute(entry)
+                        if result is not None:
+                            await redis_io.send(self.r, self.keys.worker_results, result)
+                    backoff.reset()
+                except redis_io.REDIS_ERRORS as e:
+                    delay = backoff.next()
+                    log.error("redis error: %s; retrying in %.1fs", e, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            await heartbeat.stop()
+        return 0
+
+    async def _execute(self, entry: Entry) -> StepResult | None:
+        plan: StepPlan | None = entry.message
+        if plan is None:
+            step_id = redis_io.peek_step_id(entry.raw)
+            log.error("bad plan %s (step %s): %s", entry.entry_id, step_id, entry.error)
+            return StepResult(step_id) if step_id is not None else None
+        if not plan.reset and self.last_step_id is not None and plan.step_id <= self.last_step_id:
+            log.warning("plan for step %d redelivered (last %d): dropped", plan.step_id, self.last_step_id)
+            return None
+        self.last_step_id = plan.step_id
+        if not plan.reset and not self.synced:
+            log.warning("plan for step %d before the scheduler's reset: answered empty", plan.step_id)
+            return StepResult(plan.step_id)
+        self.synced = True
+        if plan.reset:
+            log.info("reset by the scheduler at step %d (%d requests dropped)", plan.step_id,
+                     len(self.worker.requests))
+        for request_id, why in drop_bad_requests(plan, self.worker):
+            log.error("step %d: request %s dropped from the plan: %s", plan.step_id, request_id, why)
+        try:
+            return await asyncio.to_thread(self.worker.execute, plan)
+        except Exception as e:  # the model or the pool refused it: answer, never die
+            log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)
+            return StepResult(plan.step_id)
+
+
+def drop_bad_requests(plan: StepPlan, worker) -> list[tuple[str, str]]:
+    """Remove from the plan (in place) the requests the worker cannot run; (id, why) each."""
+    known = set() if plan.reset else set(worker.requests)
+    known.difference_update(plan.finished_request_ids)
+    vocab, num_blocks, block_size = worker.model_config.vocab_size, worker.num_blocks, worker.block_size
+    dropped: list[tuple[str, str]] = []
+
+    def bad_blocks(block_ids: list[int]) -> bool:
+        return any(not 0 <= b < num_blocks for b in block_ids)
+
+    new_requests: list[NewRequestData] = []
+    for new in plan.new_requests:
+        end = new.num_computed_tokens + new.num_scheduled_tokens
+        in_range = 0 <= new.num_computed_tokens <= end <= len(new.token_ids)
+        why = ("token id out of range" if any(not 0 <= t < vocab for t in new.token_ids)
+               else "block id out of range" if bad_blocks(new.block_ids)
+               else f"schedules up to {end} of {len(new.token_ids)} tokens" if not in_range
+               else f"{len(new.block_ids)} blocks for {end} tokens" if len(new.block_ids) * block_size < end
+               else None)
+        if why is None:
+            new_requests.append(new)
+            known.add(new.request_id)
+        else:
+            dropped.append((new.request_id, why))
+    cached_requests: list[CachedRequestData] = []
+    for cached in plan.cached_requests:
+        state = worker.requests.get(cached.request_id) if cached.request_id in known else None
+        end = cached.num_computed_tokens + cached.num_scheduled_tokens
+        why = ("unknown request" if state is None
+               else "block id out of range" if bad_blocks(cached.new_block_ids)
+               else f"schedules {end} of {len(state.token_ids)} tokens" if end > len(state.token_ids)
+               else "too few blocks" if (len(state.block_ids) + len(cached.new_block_ids)) * block_size < end
+               else None)
+        if why is None:
+            cached_requests.append(cached)
+        else:
+            dropped.append((cached.request_id, why))
+    if any(bad_blocks(list(pair)) for pair in plan.block_copies):
+        dropped.append(("(block copies)", "block id out of range"))
+        plan.block_copies = []
+    plan.new_requests, plan.cached_requests = new_requests, cached_requests
+    return dropped

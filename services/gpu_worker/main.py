@@ -1,0 +1,79 @@
+"""`pagedserve worker`: the worker service (see loop.py for what it does over Redis).
+
+It loads the model and allocates its KV pool once, before joining: a bad option or a model
+that cannot load is fatal at start, with the field named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shared import redis_io
+from shared.config import ConfigError, EngineConfig
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.worker")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    redis_io.add_common_arguments(parser)
+    parser.add_argument("--worker-id", default="0", help="this worker's id (its plan stream and heartbeat)")
+    parser.add_argument("--model", default="smollm2", help="model name, GGUF file or HF directory")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--attention-backend", default="auto", help="auto, torch, triton or reference")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on CPU (e.g. 512MiB, 2GiB)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.8,
+                        help="fraction of free GPU memory for the KV pool")
+    parser.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (overrides the budget)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def build_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        attention_backend=args.attention_backend, block_size=args.block_size,
+                        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+                        num_blocks=args.num_blocks, max_model_len=args.max_model_len, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        redis_io.setup_logging(args.log_level)
+        config = build_config(args)
+    except ConfigError as e:
+        log.critical("bad config: %s", e)
+        return 2
+    log.info("worker %s starting: model=%s dtype=%s device=%s redis=%s prefix=%s", args.worker_id, config.model,
+             config.dtype, config.device, args.redis_url, args.prefix)
+    try:
+        import torch
+
+        from services.gpu_worker.worker import Worker
+
+        torch.manual_seed(config.seed)
+        worker = Worker(config)
+    except Exception as e:  # a model that cannot load or a pool that does not fit
+        log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
+        return 1
+    max_model_len = config.max_model_len or worker.model_config.max_position_embeddings
+    from services.gpu_worker.loop import WorkerLoop
+
+    async def main(stop) -> int:
+        r = await redis_io.connect(args.redis_url)
+        try:
+            loop = WorkerLoop(r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len)
+            return await loop.run(stop)
+        finally:
+            await r.aclose()
+
+    return redis_io.run_service(main, "worker")
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="pagedserve worker")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

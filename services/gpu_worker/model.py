@@ -1,0 +1,172 @@
+"""Llama decoder over a flattened ragged batch with a paged KV cache.
+
+The step's tokens of all requests are one sequence of T tokens (no batch dim, no padding);
+AttentionMetadata says which tokens belong to which request. Attention goes through an
+AttentionBackend, which writes the new K/V into the per-layer cache
+[2, num_blocks, block_size, num_kv_heads, head_dim] and reads the context back from it.
+
+Projections are fused for speed: one qkv matmul ([q; k; v] rows) and one gate_up matmul
+([gate; up] rows). Parameters are allocated uninitialized: they are always loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
+from services.gpu_worker.model_config import ModelConfig
+from services.gpu_worker.rotary_embedding import RotaryEmbedding
+
+
+def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # statistics in float32 whatever the dtype, weight applied after casting back (as HF)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.scale = c.head_dim**-0.5
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, c.hidden_size, dtype=dtype, device=device)
+        self.o_proj = _param(c.hidden_size, self.q_size, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
+        self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
+
+    def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
+        """hidden [T, hidden_size] -> [T, hidden_size]."""
+        num_tokens = hidden.shape[0]
+        residual = hidden
+        h = self.input_layernorm(hidden)
+        qkv = F.linear(h, self.qkv_proj)  # [T, (H + 2 Hkv) * D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        backend.write_kv(k, v, kv_cache, meta)
+        attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
+        h = residual + F.linear(attn.reshape(num_tokens, self.q_size), self.o_proj)
+        residual = h
+        gate, up = F.linear(self.post_attention_layernorm(h), self.gate_up_proj).chunk(2, dim=-1)
+        return residual + F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.rotary = RotaryEmbedding(config, device)
+        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        )
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+
+    def allocate_kv_caches(self, num_blocks: int, block_size: int, dtype=None, device=None) -> list[torch.Tensor]:
+        """One zeroed cache tensor per layer (dtype defaults to the model's)."""
+        shape = self.kv_cache_shape(num_blocks, block_size)
+        return [
+            torch.zeros(shape, dtype=dtype or self.dtype, device=device or self.embed_tokens.device)
+            for _ in self.layers
+        ]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """input_ids, positions int64 [T] -> final-normed hidden states [T, hidden_size]."""
+        positions = positions.long()
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, positions, self.rotary, kv_cache, meta, backend)
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] (only the rows to sample) -> float32 logits [N, vocab]."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_state_dict_canonical(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a canonical (HF llama names) state dict into the fused parameters, casting
+        to the model dtype. Every expected name must be present and nothing else; a tied
+        model ignores a redundant `lm_head.weight`."""
+        names = set(state)
+        if self.lm_head is None:
+            names.discard("lm_head.weight")
+        expected = set(canonical_names(self.config))
+        if names != expected:
+            raise ValueError(
+                f"state dict mismatch: missing {sorted(expected - names)[:8]}, "
+                f"unexpected {sorted(names - expected)[:8]}"
+            )
+        self.embed_tokens.copy_(state["model.embed_tokens.weight"])
+        self.norm.weight.copy_(state["model.norm.weight"])
+        if self.lm_head is not None:
+            self.lm_head.copy_(state["lm_head.weight"])
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
+            qkv = [state[attn + f"{x}_proj.weight"] for x in "qkv"]
+            layer.qkv_proj.copy_(torch.cat(qkv, dim=0))
+            layer.o_proj.copy_(state[attn + "o_proj.weight"])
+            layer.gate_up_proj.copy_(torch.cat([state[mlp + "gate_proj.weight"], state[mlp + "up_proj.weight"]]))
+            layer.down_proj.copy_(state[mlp + "down_proj.weight"])
+            layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
+            layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
+
+
+def canonical_names(config: ModelConfig) -> list[str]:
+    """Every parameter name of the canonical (HF llama) state dict for this config."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    per_layer = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
+    per_layer += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    per_layer += ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    for i in range(config.num_layers):
+        names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
+    return names
+
+
+def build_model(path_or_name: str, dtype: torch.dtype = torch.float32, device=None) -> LlamaForCausalLM:
+    """Load weights (GGUF or HF dir, by name or path) into a ready, eval-mode model."""
+    from services.gpu_worker.weights import load_weights
+
+    config, state = load_weights(path_or_name)
+    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    model.load_state_dict_canonical(state)
+    return model.eval()

@@ -1,0 +1,142 @@
+"""The shape of a llama-family decoder, read from an HF config.json or a GGUF header.
+
+Both sources normalize to the same ModelConfig, so a model saved by transformers from a
+GGUF load yields a config equal to the GGUF's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# rope types the model implements; anything else is refused at load time, not silently wrong
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # None for plain rope; else has "rope_type" ("linear"|"llama3")
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type")
+            if rope_type not in SUPPORTED_ROPE_TYPES:
+                raise ValueError(f"rope_scaling type {rope_type!r} not supported (have {SUPPORTED_ROPE_TYPES})")
+
+    @staticmethod
+    def from_hf_config(config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelConfig:
+        """From a config.json dict (and optionally generation_config.json, whose eos ids are merged)."""
+        model_type = config.get("model_type", "llama")
+        if model_type not in ("llama", "mistral"):
+            raise ValueError(f"model_type {model_type!r} not supported (llama-family only)")
+        num_heads = config["num_attention_heads"]
+        rope_theta, rope_scaling = _hf_rope(config)
+        eos = _as_id_list(config.get("eos_token_id"))
+        for token_id in _as_id_list((generation_config or {}).get("eos_token_id")):
+            if token_id not in eos:
+                eos.append(token_id)
+        return ModelConfig(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            bos_token_id=config.get("bos_token_id"),
+            eos_token_ids=eos,
+        )
+
+    @staticmethod
+    def from_gguf(reader) -> ModelConfig:
+        """From a gguf.GGUFReader's header (keys '<arch>.*' and 'tokenizer.ggml.*')."""
+        arch = _field(reader, "general.architecture")
+        if arch != "llama":
+            raise ValueError(f"GGUF architecture {arch!r} not supported (llama only)")
+        if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+            raise ValueError("GGUF with rope_freqs (llama3 rope scaling) not supported: use the HF directory")
+        hidden = _field(reader, f"{arch}.embedding_length")
+        num_heads = _field(reader, f"{arch}.attention.head_count")
+        rope_scaling = None
+        scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+        if scaling_type == "linear":
+            rope_scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+        elif scaling_type != "none":
+            raise ValueError(f"GGUF rope scaling {scaling_type!r} not supported")
+        vocab_size = _field(reader, f"{arch}.vocab_size", None)
+        if vocab_size is None:  # older files: count the vocabulary instead
+            vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
+        eos = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            token_id = _field(reader, key, None)
+            if token_id is not None and int(token_id) not in eos:
+                eos.append(int(token_id))
+        bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
+        return ModelConfig(
+            vocab_size=int(vocab_size),
+            hidden_size=int(hidden),
+            intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+            num_layers=int(_field(reader, f"{arch}.block_count")),
+            num_heads=int(num_heads),
+            num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+            head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // num_heads)),
+            rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
+            tie_word_embeddings=all(t.name != "output.weight" for t in reader.tensors),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=eos,
+        )
+
+
+def _field(reader, key: str, default: Any = KeyError) -> Any:
+    """One GGUF header value as a python scalar/str/list; default (or KeyError) when absent."""
+    if key not in reader.fields:
+        if default is KeyError:
+            raise KeyError(f"GGUF header lacks {key!r}")
+        return default
+    return reader.fields[key].contents()
+
+
+def _as_id_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _hf_rope(config: dict[str, Any]) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers>=5 `rope_parameters` or the older
+    `rope_theta` + `rope_scaling` keys; rope_scaling is None for the default rope."""
+    params = config.get("rope_parameters")
+    if params is None:
+        params = dict(config.get("rope_scaling") or {})
+        params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    params = dict(params)
+    if "type" in params and "rope_type" not in params:  # legacy spelling
+        params["rope_type"] = params.pop("type")
+    params.pop("type", None)
+    rope_theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    if params.get("rope_type", "default") == "default":
+        return rope_theta, None
+    return rope_theta, params

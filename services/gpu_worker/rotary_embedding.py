@@ -1,0 +1,67 @@
+"""Rotary position embedding (HF "rotate half" convention), with linear and llama3 scaling.
+
+The cos/sin table is computed once for every position up to max_position_embeddings and
+indexed by each token's position, so a ragged batch needs no per-step trigonometry. The
+angles are position * inv_freq in float32, exactly as transformers computes them, so the
+float32 model matches HF bit for bit here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from services.gpu_worker.model_config import ModelConfig
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """float32 [head_dim // 2]: the rotation speed of each dim pair, after rope_scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
+    # llama3: keep high frequencies, divide low ones by factor, interpolate in between
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None):
+        super().__init__()
+        inv_freq = rope_inv_freq(config)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.int64).float()
+        angles = positions[:, None] * inv_freq[None, :]  # [max_pos, head_dim // 2] float32
+        # not persistent: derived from the config, never part of a checkpoint
+        self.register_buffer("cos", angles.cos().to(device), persistent=False)
+        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated, same shapes/dtype.
+
+        Dims i and i + D/2 form a pair: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
+        the cos/sin cast to the activations' dtype first as transformers does.
+        """
+        cos = self.cos[positions].to(query.dtype)[:, None, :]  # [T, 1, D/2]
+        sin = self.sin[positions].to(query.dtype)[:, None, :]
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,78 @@
+"""Batched sampling: one call per step for every request that samples.
+
+Greedy rows take the argmax. Random rows get temperature, top-k, top-p and min-p as
+masks over the whole batch at once, then the exponential race (argmax of p / E with
+E ~ Exp(1)), which samples exactly from p. A request with a seed draws its noise from its
+own generator, so its output does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.messages import SampledToken, SamplingParams
+
+
+def _apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [N, V] float32 of random rows -> filtered, temperature-scaled logits."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    logits = logits / temperature
+    top_k = [p.top_k for p in params]
+    if any(k > 0 for k in top_k):
+        k = torch.tensor([k if k > 0 else logits.shape[1] for k in top_k], device=device)
+        sorted_desc = logits.sort(dim=1, descending=True).values
+        kth = sorted_desc.gather(1, (k - 1).clamp(max=logits.shape[1] - 1).unsqueeze(1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    top_p = [p.top_p for p in params]
+    if any(p < 1.0 for p in top_p):
+        probs_sorted, idx = logits.softmax(1).sort(dim=1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        mass_before = probs_sorted.cumsum(1) - probs_sorted
+        drop_sorted = mass_before >= torch.tensor(top_p, device=device).unsqueeze(1)
+        drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    min_p = [p.min_p for p in params]
+    if any(p > 0.0 for p in min_p):
+        probs = logits.softmax(1)
+        floor = probs.max(1, keepdim=True).values * torch.tensor(min_p, device=device).unsqueeze(1)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def _exponential_noise(shape: tuple[int, int], params: list[SamplingParams],
+                       generators: list[torch.Generator | None], device) -> torch.Tensor:
+    noise = torch.empty(shape, device=device)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        noise[unseeded] = torch.empty((len(unseeded), shape[1]), device=device).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:  # per-request stream: independent of batch composition
+            noise[i].exponential_(generator=g)
+    return noise
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
+           generators: list[torch.Generator | None]) -> list[SampledToken]:
+    """logits [N, V] (float32) -> one SampledToken per row."""
+    greedy = torch.tensor([p.temperature <= 0.0 for p in params], device=logits.device)
+    token_ids = logits.argmax(dim=1)
+    random_rows = (~greedy).nonzero().flatten().tolist()
+    if random_rows:
+        sub_params = [params[i] for i in random_rows]
+        filtered = _apply_filters(logits[random_rows], sub_params)
+        probs = filtered.softmax(1)
+        noise = _exponential_noise(probs.shape, sub_params, [generators[i] for i in random_rows], logits.device)
+        token_ids[random_rows] = (probs / noise).argmax(dim=1)
+    token_list = token_ids.tolist()
+    want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
+    out = [SampledToken(request_id=r, token_id=t) for r, t in zip(request_ids, token_list, strict=False)]
+    if want_logprobs:
+        logprobs = logits[want_logprobs].log_softmax(dim=1)
+        for row, i in enumerate(want_logprobs):
+            out[i].logprob = float(logprobs[row, token_list[i]])
+            k = params[i].logprobs or 0
+            if k > 0:
+                values, ids = logprobs[row].topk(k)
+                out[i].top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=False))
+    return out

@@ -1,0 +1,129 @@
+"""Load a llama checkpoint into one canonical float32 state dict (HF llama parameter names).
+
+Two sources: an HF directory (config.json + *.safetensors) and a GGUF file (dequantized
+with the `gguf` package). Canonical names are those of transformers' LlamaForCausalLM:
+`model.embed_tokens.weight`, `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
+`model.layers.{i}.mlp.{gate,up,down}_proj.weight`, `model.layers.{i}.input_layernorm.weight`,
+`model.layers.{i}.post_attention_layernorm.weight`, `model.norm.weight` and, only when the
+embeddings are not tied, `lm_head.weight`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import numpy as np
+import torch
+
+from services.gpu_worker.model_config import ModelConfig
+from shared.model_source import find_gguf_in_dir, resolve_model
+
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A model name or path -> (config, float32 state dict with canonical names)."""
+    path = resolve_model(path_or_name)
+    if os.path.isdir(path):
+        gguf_file = find_gguf_in_dir(path)
+        return _load_gguf(gguf_file) if gguf_file else _load_hf_dir(path)
+    return _load_gguf(path)
+
+
+def load_config(path_or_name: str) -> ModelConfig:
+    """Only the config (reads headers, no tensor data)."""
+    path = resolve_model(path_or_name)
+    gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
+    if gguf_file:
+        import gguf
+
+        return ModelConfig.from_gguf(gguf.GGUFReader(gguf_file))
+    return _hf_dir_config(path)
+
+
+def _hf_dir_config(directory: str) -> ModelConfig:
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    generation_config = None
+    generation_path = os.path.join(directory, "generation_config.json")
+    if os.path.isfile(generation_path):
+        with open(generation_path) as f:
+            generation_config = json.load(f)
+    return ModelConfig.from_hf_config(config, generation_config)
+
+
+def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    config = _hf_dir_config(directory)
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        raise ValueError(f"{directory} has config.json but no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:  # sharded checkpoints: each shard holds a disjoint set of names
+        for name, tensor in load_file(file).items():
+            if name.endswith("rotary_emb.inv_freq"):  # a buffer some exports include
+                continue
+            state[name] = tensor.to(torch.float32)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return config, state
+
+
+def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    config = ModelConfig.from_gguf(reader)
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = _canonical_gguf_name(tensor.name)
+        # dequantize returns float32 [rows, cols] (HF [out, in] order); copy F32 memmaps too
+        weights = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            weights = _unpermute_rope_rows(weights, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            weights = _unpermute_rope_rows(weights, config.num_kv_heads)
+        state[name] = torch.from_numpy(weights)
+    return config, state
+
+
+def _canonical_gguf_name(gguf_name: str) -> str:
+    if gguf_name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[gguf_name]
+    match = _GGUF_LAYER_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a llama model")
+    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.weight"
+
+
+def _unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time row permutation of the Q/K projections.
+
+    llama.cpp rotates interleaved pairs of each head's D dims, HF rotates halves. So in a
+    GGUF head, row 2*i + j holds what HF keeps at row j * D/2 + i (i < D/2, j in {0, 1}).
+    Same as transformers' LlamaTensorProcessor._reverse_permute_weights.
+    weights: [num_heads * D, in] -> same shape.
+    """
+    half = weights.shape[0] // num_heads // 2
+    w = weights.reshape(num_heads, half, 2, *weights.shape[1:])
+    return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weights.shape))

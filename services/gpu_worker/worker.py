@@ -1,0 +1,125 @@
+"""The worker: executes one StepPlan against the model and the block pool it owns.
+
+It decides nothing. It keeps, per request, the tokens it knows (the prompt crossed once;
+sampled tokens are appended here, so a decode step needs no token from the scheduler),
+its block table and its sampling state. One plan in, one StepResult out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from services.gpu_worker.attention import get_backend
+from services.gpu_worker.attention.block_copy import copy_blocks
+from services.gpu_worker.attention.metadata import AttentionMetadata
+from services.gpu_worker.device import resolve_device, resolve_dtype
+from services.gpu_worker.kv_pool import KVPool, num_blocks_for
+from services.gpu_worker.model import build_model
+from services.gpu_worker.sampler import sample
+from shared.config import EngineConfig
+from shared.messages import SamplingParams, StepPlan, StepResult
+
+log = logging.getLogger("pagedserve.worker")
+
+
+@dataclass
+class _RequestState:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+    num_scheduled_tokens: int = 0
+
+
+class Worker:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        started = time.perf_counter()
+        self.model = build_model(config.model, self.dtype).to(self.device)
+        self.model_config = self.model.config
+        self.backend = get_backend(self._backend_name())
+        self.block_size = config.block_size
+        num_blocks = num_blocks_for(config, self.model_config, self.dtype, self.device)
+        self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.requests: dict[str, _RequestState] = {}
+        log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB) in %.1fs",
+                 config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,
+                 time.perf_counter() - started)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def _backend_name(self) -> str:
+        if self.config.attention_backend != "auto":
+            return self.config.attention_backend
+        return "triton" if self.device.type == "cuda" else "torch"
+
+    def _apply_plan(self, plan: StepPlan) -> list[str]:
+        """Update per-request state from the plan's diffs; return the scheduled ids in order."""
+        if plan.reset:
+            self.requests.clear()
+        for request_id in plan.finished_request_ids:
+            self.requests.pop(request_id, None)
+        if plan.block_copies:
+            copy_blocks(self.pool.kv_caches, plan.block_copies)
+        scheduled: list[str] = []
+        for new in plan.new_requests:
+            generator = None
+            if new.sampling.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(new.sampling.seed)
+            self.requests[new.request_id] = _RequestState(
+                token_ids=list(new.token_ids), block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens, sampling=new.sampling, generator=generator,
+                num_scheduled_tokens=new.num_scheduled_tokens)
+            scheduled.append(new.request_id)
+        for cached in plan.cached_requests:
+            state = self.requests[cached.request_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+            state.num_scheduled_tokens = cached.num_scheduled_tokens
+            scheduled.append(cached.request_id)
+        return scheduled
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        scheduled = [r for r in self._apply_plan(plan) if self.requests[r].num_scheduled_tokens > 0]
+        if not scheduled:
+            return StepResult(step_id=plan.step_id)
+        states = [self.requests[r] for r in scheduled]
+        input_ids: list[int] = []
+        query_lens, seq_lens, tables = [], [], []
+        sample_rows: list[int] = []  # flat index of the last new token of each sampling request
+        sample_ids: list[str] = []
+        for request_id, state in zip(scheduled, states, strict=False):
+            start, n = state.num_computed_tokens, state.num_scheduled_tokens
+            input_ids.extend(state.token_ids[start:start + n])
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            tables.append(state.block_ids)
+            if start + n == len(state.token_ids):  # reached the end of what it knows: sample
+                sample_rows.append(len(input_ids) - 1)
+                sample_ids.append(request_id)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
+        positions = AttentionMetadata.positions(meta)
+        tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
+        result = StepResult(step_id=plan.step_id)
+        for state in states:
+            state.num_computed_tokens += state.num_scheduled_tokens
+            state.num_scheduled_tokens = 0
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[sample_rows])
+            sample_states = [self.requests[r] for r in sample_ids]
+            result.sampled = sample(logits, [s.sampling for s in sample_states], sample_ids,
+                                    [s.generator for s in sample_states])
+            for state, token in zip(sample_states, result.sampled, strict=False):
+                state.token_ids.append(token.token_id)
+        return result

@@ -1,0 +1,104 @@
+"""The batched allocation of one scheduler step (ARCHITECTURE.md, "One step of the loop" 2).
+
+1. Free every id in free_request_ids (finished or aborted since the last step).
+2. Go through the candidates in the policy's order, most important first, greedily:
+   - a running candidate gets slots for its num_new_tokens; while the pool is dry, the last
+     running candidate in the list that is not yet preempted is preempted (all its blocks
+     freed, ALLOC_PREEMPTED), which may be the current one itself, and the allocation is
+     retried. Victims come only from the current candidate or after it, so the policy's
+     order decides who is sacrificed, and a candidate never loses blocks to a less
+     important one. Consequence: every answer is final once given; no grant is revoked.
+   - a waiting candidate is admitted only if all its tokens fit (BlockManager.admit);
+     the first one refused stops admission for every later waiting candidate this step
+     (head of line: FCFS fairness, a big request is not starved by small ones behind it).
+     A waiting candidate never preempts anyone, and none is admitted once this step has
+     preempted: the blocks a preempted running request gave up are not handed to a
+     waiting one the policy put after it.
+Results come back in candidate order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared.messages import (
+    ALLOC_NOT_ADMITTED,
+    ALLOC_OK,
+    ALLOC_PREEMPTED,
+    AllocCandidate,
+    AllocReply,
+    AllocRequest,
+    AllocResult,
+)
+
+if TYPE_CHECKING:
+    from services.kvstore.block_manager import BlockManager
+
+
+def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
+    _validate(request)  # before anything changes: a bad request changes nothing
+    for request_id in request.free_request_ids:
+        manager.free(request_id)
+    candidates = request.candidates
+    results: list[AllocResult | None] = [None] * len(candidates)  # None: not answered yet
+    admitting = True  # False from the first refused admission or preemption on
+    num_preemptions_before = manager.num_preemptions
+    for index, candidate in enumerate(candidates):
+        if results[index] is not None:
+            continue  # preempted for a more important candidate
+        if not candidate.is_waiting:
+            results[index] = _allocate_running(manager, candidates, results, index)
+            if manager.num_preemptions != num_preemptions_before:
+                admitting = False
+            continue
+        manager.free(candidate.request_id)  # a waiting request holds nothing: drop a stale table
+        admitted = manager.admit(candidate.request_id, candidate.num_tokens, candidate.num_new_tokens,
+                                 candidate.token_ids) if admitting else None
+        if admitted is None:
+            admitting = False
+            results[index] = AllocResult(candidate.request_id, ALLOC_NOT_ADMITTED)
+        else:
+            block_ids, num_cached_tokens = admitted
+            results[index] = AllocResult(candidate.request_id, ALLOC_OK, block_ids, num_cached_tokens)
+    return AllocReply(request.step_id, results, num_free_blocks=manager.num_free_blocks,
+                      num_blocks=manager.num_blocks)
+
+
+def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
+                      results: list[AllocResult | None], index: int) -> AllocResult:
+    candidate = candidates[index]
+    while True:
+        new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens)
+        if new_block_ids is not None:
+            return AllocResult(candidate.request_id, ALLOC_OK, new_block_ids)
+        victim = _last_unanswered_running(candidates, results, index)
+        manager.preempt(candidates[victim].request_id)
+        results[victim] = AllocResult(candidates[victim].request_id, ALLOC_PREEMPTED)
+        if victim == index:
+            return results[victim]
+
+
+def _last_unanswered_running(candidates: list[AllocCandidate], results: list[AllocResult | None],
+                             index: int) -> int:
+    """The least important running candidate at or after index not yet answered; the
+    current one (index) qualifies, so there always is one."""
+    for victim in range(len(candidates) - 1, index, -1):
+        if not candidates[victim].is_waiting and results[victim] is None:
+            return victim
+    return index
+
+
+def _validate(request: AllocRequest) -> None:
+    """An id may be both freed and a candidate (a reused id): the free comes first."""
+    seen: set[str] = set()
+    for candidate in request.candidates:
+        if candidate.request_id in seen:
+            raise ValueError(f"step {request.step_id}: request {candidate.request_id!r} is a candidate twice")
+        seen.add(candidate.request_id)
+        if candidate.num_new_tokens < 0 or candidate.num_tokens < 0:
+            raise ValueError(f"step {request.step_id}: {candidate.request_id!r} has a negative token count")
+        if candidate.is_waiting and candidate.num_tokens < 1:
+            raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has no tokens")
+        if candidate.is_waiting and candidate.token_ids and len(candidate.token_ids) != candidate.num_tokens:
+            raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has "
+                             f"{len(candidate.token_ids)} token ids for num_tokens={candidate.num_tokens}")

@@ -1,0 +1,29 @@
+"""One KV cache block's bookkeeping: id, refcount, optional prefix hash, free-queue links.
+
+The kvstore never sees tensors: a block id names the same rows in every layer of the
+worker's physical pool, and this object only records who uses those rows.
+
+Invariants (checked by BlockPool.check_integrity):
+- ref_cnt is the number of request block-table entries that point at this block;
+- ref_cnt == 0 exactly when the block is in the free queue (prev_free is not None);
+- block_hash is not None exactly when the pool's hash table maps block_hash to this block
+  (the block is full and its K/V are those of that chained prefix).
+"""
+
+from __future__ import annotations
+
+
+class KVBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: bytes | None = None
+        # links owned by FreeQueue; both None while the block is not in the queue
+        self.prev_free: KVBlock | None = None
+        self.next_free: KVBlock | None = None
+
+    def __repr__(self) -> str:
+        hashed = self.block_hash.hex()[:8] if self.block_hash is not None else None
+        return f"KVBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={hashed})"

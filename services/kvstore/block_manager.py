@@ -1,0 +1,193 @@
+"""The block manager: per-request block tables over one worker's BlockPool.
+
+Fine-grained API (num_blocks_needed, can_allocate, allocate_slots, admit, free) plus the
+batched step() the scheduler drives once per step (see alloc_step.py). There is no explicit
+register: the first allocation for a request id creates its table; free() drops it.
+
+Refcounts from the start: with prefix caching a full block may be in several tables;
+freeing drops one reference and only a block nobody references joins the free queue, still
+carrying its prefix hash until a new owner evicts it. A shared block is always full and
+nobody appends into a full block, so no copy-on-write is needed yet; forks that share a
+partial last block will need one in allocate_slots (copy it when its ref_cnt > 1).
+
+Invariant (check_integrity): each block's ref_cnt equals the number of tables that list it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from services.kvstore.alloc_step import run_step
+from services.kvstore.block_hash import hash_full_blocks
+from services.kvstore.block_pool import BlockPool
+from services.kvstore.block_table import BlockTable, num_blocks_for
+from shared.messages import AllocReply, AllocRequest
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False,
+                 watermark: float = 0.01) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        # admission keeps this many blocks free for running requests to grow into
+        self.watermark_blocks = math.ceil(watermark * num_blocks)
+        self._tables: dict[str, BlockTable] = {}
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # tokens of admitted requests looked up
+        self.prefix_cache_hits = 0  # of those, tokens found cached
+
+    # ---- the pool at a glance ----------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_held_blocks(self) -> int:
+        return self.pool.num_held_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.num_held_blocks / self.pool.num_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        table = self._tables.get(request_id)
+        return table.block_ids if table is not None else []
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._tables
+
+    # ---- allocation --------------------------------------------------------------------
+
+    def num_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
+        """New blocks the request's table needs to cover num_total_tokens slots."""
+        table = self._tables.get(request_id)
+        num_held = len(table.blocks) if table is not None else 0
+        return max(0, num_blocks_for(num_total_tokens, self.block_size) - num_held)
+
+    def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
+        table = self._tables.get(request_id)
+        num_total_tokens = (table.num_tokens if table is not None else 0) + num_new_tokens
+        return self.num_blocks_needed(request_id, num_total_tokens) <= self.pool.num_free_blocks
+
+    def allocate_slots(self, request_id: str, num_new_tokens: int) -> list[int] | None:
+        """Cover num_new_tokens more slots; the new block ids, or None (and no change) if
+        the pool has too few free blocks."""
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        if not self.can_allocate(request_id, num_new_tokens):
+            return None
+        table = self._tables.setdefault(request_id, BlockTable())
+        table.num_tokens += num_new_tokens
+        new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
+        table.blocks.extend(new_blocks)
+        self._cache_full_blocks(table)
+        return [block.block_id for block in new_blocks]
+
+    def admit(self, request_id: str, num_tokens: int, num_new_tokens: int,
+              token_ids: Sequence[int] = ()) -> tuple[list[int], int] | None:
+        """Admit a waiting request: (its whole table, num_cached_tokens) or None.
+
+        Only if the free pool, after prefix hits, holds all num_tokens plus the watermark
+        (waived while no block is held: alone, it has nobody to make room for), so a long
+        resumed prompt is not admitted only to be preempted again. Allocates now only what
+        num_new_tokens needs, counted from the end of the cached prefix. At least the last
+        token is always left to compute, so the request yields a sample.
+        """
+        if num_tokens < 1 or num_new_tokens < 0:
+            raise ValueError(f"admit {request_id!r}: num_tokens={num_tokens}, num_new_tokens={num_new_tokens}")
+        if token_ids and len(token_ids) != num_tokens:
+            raise ValueError(f"admit {request_id!r}: {len(token_ids)} token ids for num_tokens={num_tokens}")
+        self.free(request_id)  # a waiting request holds nothing; a stale table is dropped
+        block_hashes = hash_full_blocks(token_ids, self.block_size) if self.enable_prefix_caching else []
+        hit_blocks = []
+        for block_hash in block_hashes[: (num_tokens - 1) // self.block_size]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hit_blocks.append(block)
+        num_free_after_hits = self.pool.num_free_blocks - sum(block.ref_cnt == 0 for block in hit_blocks)
+        num_blocks_wanted = num_blocks_for(num_tokens, self.block_size) - len(hit_blocks)
+        reserve = self.watermark_blocks if self.pool.num_held_blocks > 0 else 0
+        if num_blocks_wanted + reserve > num_free_after_hits:
+            return None
+        num_cached_tokens = len(hit_blocks) * self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_tokens
+            self.prefix_cache_hits += num_cached_tokens
+        self.pool.touch(hit_blocks)
+        self._tables[request_id] = BlockTable(hit_blocks, num_cached_tokens, block_hashes, len(hit_blocks))
+        # cannot fail: min(...) slots fit in the num_blocks_wanted blocks checked above
+        self.allocate_slots(request_id, min(num_new_tokens, num_tokens - num_cached_tokens))
+        return self.get_block_ids(request_id), num_cached_tokens
+
+    def free(self, request_id: str) -> None:
+        """Drop the request's table, tail first (a no-op for an unknown id)."""
+        table = self._tables.pop(request_id, None)
+        if table is not None:
+            self.pool.release(reversed(table.blocks))
+
+    def preempt(self, request_id: str) -> None:
+        """Free a running request to make room; it will recompute from its prompt."""
+        self.free(request_id)
+        self.num_preemptions += 1
+
+    def step(self, request: AllocRequest) -> AllocReply:
+        """One call per scheduler step: frees, then the candidates in order."""
+        return run_step(self, request)
+
+    def _cache_full_blocks(self, table: BlockTable) -> None:
+        """Offer each newly full block whose tokens are known to the hash table.
+
+        A block is hashed as soon as the step that fills it is allocated: the worker writes
+        every request's new K/V of a layer before any attention reads, so a request admitted
+        later in the same step may already hit it; and a granted request is never preempted
+        later in its step, so the K/V will be written.
+        """
+        num_hashable = min(table.num_tokens // self.block_size, len(table.block_hashes))
+        for index in range(table.num_hashed_blocks, num_hashable):
+            self.pool.cache(table.blocks[index], table.block_hashes[index])
+        table.num_hashed_blocks = max(table.num_hashed_blocks, num_hashable)
+
+    # ---- introspection -----------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return {
+            "num_blocks": self.num_blocks,
+            "num_free_blocks": self.num_free_blocks,
+            "num_held_blocks": self.num_held_blocks,
+            "usage": self.usage,
+            "num_cached_blocks": self.pool.num_cached_blocks,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "num_preemptions": self.num_preemptions,
+            "num_evictions": self.pool.num_evictions,
+        }
+
+    def check_integrity(self) -> None:
+        """AssertionError with a reason if the pool or any table breaks an invariant."""
+        self.pool.check_integrity()
+        references: Counter[int] = Counter()
+        for request_id, table in self._tables.items():
+            ids = table.block_ids
+            assert len(set(ids)) == len(ids), f"request {request_id!r} lists a block twice: {ids}"
+            assert len(ids) == num_blocks_for(table.num_tokens, self.block_size), (
+                f"request {request_id!r} has {len(ids)} blocks for {table.num_tokens} tokens")
+            assert table.num_hashed_blocks <= min(table.num_tokens // self.block_size, len(table.block_hashes)), (
+                f"request {request_id!r} hashed {table.num_hashed_blocks} blocks beyond its full, known ones")
+            references.update(ids)
+        for block in self.pool.blocks:
+            assert block.ref_cnt == references[block.block_id], (
+                f"block {block.block_id} has ref_cnt {block.ref_cnt} but "
+                f"{references[block.block_id]} block-table references")

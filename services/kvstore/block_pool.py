@@ -1,0 +1,118 @@
+"""The fixed pool of num_blocks blocks: free queue, refcounts and the prefix-hash table.
+
+Blocks are never created or destroyed after start (the worker's tensors are allocated once);
+a block moves between "free" (in the free queue, ref_cnt 0) and "held" (ref_cnt > 0).
+A free block may still carry a cached prefix: it is reused by a prefix hit (touch) until
+popleft hands it to a new owner, which evicts its hash. So the free queue doubles as the
+LRU list of cached blocks nobody references.
+
+Invariants (check_integrity):
+- every block is free xor held: ref_cnt == 0 exactly when it is in the free queue;
+- the hash table maps h -> block exactly when block.block_hash == h (both directions);
+- the free queue is well linked and holds each block at most once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.kvstore.block import KVBlock
+from services.kvstore.free_queue import FreeQueue
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(block_id) for block_id in range(num_blocks)]
+        # in id order, so the first allocations get 0, 1, 2, ...
+        self.free_queue = FreeQueue(self.blocks)
+        self.cached_blocks: dict[bytes, KVBlock] = {}  # block_hash -> the full block holding it
+        self.num_evictions = 0  # cached free blocks reused for something else
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached_blocks)
+
+    def allocate(self, num_new_blocks: int) -> list[KVBlock]:
+        """Pop the blocks free the longest, each now held once; evicts their hashes."""
+        if num_new_blocks > len(self.free_queue):
+            raise ValueError(f"{num_new_blocks} blocks wanted, {len(self.free_queue)} free")
+        new_blocks = []
+        for _ in range(num_new_blocks):
+            block = self.free_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            new_blocks.append(block)
+        return new_blocks
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """One more reference to each (prefix hit); a free one leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def release(self, blocks: Iterable[KVBlock]) -> None:
+        """Drop one reference from each, in the order given; at 0 it joins the queue's end.
+
+        Callers pass a request's blocks tail first, so its chain is evicted from the end
+        and a later prefix hit still finds the chain's beginning.
+        """
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise ValueError(f"release of an unreferenced {block!r}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def lookup(self, block_hash: bytes) -> KVBlock | None:
+        return self.cached_blocks.get(block_hash)
+
+    def cache(self, block: KVBlock, block_hash: bytes) -> bool:
+        """Register a full, held block under its prefix hash; False (and the block stays
+        unhashed) if another block already holds that prefix."""
+        if block.block_hash is not None:
+            return block.block_hash == block_hash
+        if block_hash in self.cached_blocks:
+            return False
+        block.block_hash = block_hash
+        self.cached_blocks[block_hash] = block
+        return True
+
+    def _evict(self, block: KVBlock) -> None:
+        del self.cached_blocks[block.block_hash]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def check_integrity(self) -> None:
+        """AssertionError with a reason if a pool invariant is broken."""
+        self.free_queue.check_integrity()
+        queued_ids = set(self.free_queue.block_ids())
+        for block in self.blocks:
+            assert block.ref_cnt >= 0, f"block {block.block_id} has ref_cnt {block.ref_cnt}"
+            in_queue = block.block_id in queued_ids
+            assert in_queue == (block.ref_cnt == 0), (
+                f"block {block.block_id} ref_cnt={block.ref_cnt} but in_free_queue={in_queue}")
+            assert in_queue == (block in self.free_queue), (
+                f"block {block.block_id} has free-queue links but is not in the queue, or the reverse")
+            if block.block_hash is not None:
+                assert self.cached_blocks.get(block.block_hash) is block, (
+                    f"block {block.block_id} has a hash the hash table does not map to it")
+        for block_hash, block in self.cached_blocks.items():
+            assert block.block_hash == block_hash, (
+                f"hash table entry {block_hash.hex()[:8]} points to block {block.block_id} "
+                f"whose block_hash is {block.block_hash!r}")
+        num_ref0 = sum(block.ref_cnt == 0 for block in self.blocks)
+        assert num_ref0 == len(self.free_queue), (
+            f"{num_ref0} blocks have ref_cnt 0 but the free queue holds {len(self.free_queue)}")

@@ -1,0 +1,169 @@
+"""The kvstore service's Redis loop: the only kvstore file that touches Redis.
+
+It owns one BlockManager, sized from the newest WorkerHello (a late joiner finds it with
+XREVRANGE; every later hello replaces the manager: a new worker's pool is empty). Each
+AllocRequest on kv_alloc (group "kvstore") is answered with exactly one AllocReply on
+kv_reply; reset=True first replaces the manager by an empty one of the same size. A
+request it cannot apply (does not decode, no worker yet, the manager refuses it) is
+logged and answered with an empty AllocReply for its step_id: the scheduler then resets,
+and this loop goes on. Until a reset arrives (after a start, or a new worker's hello) a
+non-reset request is answered the same way: a fresh manager knows nothing of the running
+requests it names, and a reply from it would hand out blocks that are in use. A non-reset
+request whose step_id is not above the last one seen is a redelivery and is dropped.
+
+Stats (keys.stats("kvstore")): BlockManager.stats() plus integrity_ok/integrity_error,
+incarnation, step_id, worker_id; written at most every STATS_INTERVAL_S while busy and as
+soon as the stream goes quiet. PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+from services.kvstore.block_manager import BlockManager
+from shared import redis_io
+from shared.messages import AllocReply, AllocRequest, WorkerHello
+from shared.redis_io import Entry, Heartbeat
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.kvstore")
+
+GROUP = CONSUMER = "kvstore"
+STATS_INTERVAL_S = 0.05
+INTEGRITY_INTERVAL_S = 1.0  # a full check walks every block: not on every busy stats write
+
+
+class KvStoreLoop:
+    def __init__(self, r, keys: Keys, enable_prefix_caching: bool = False, watermark: float = 0.01,
+                 check_every_step: bool | None = None) -> None:
+        self.r, self.keys = r, keys
+        self.enable_prefix_caching, self.watermark = enable_prefix_caching, watermark
+        if check_every_step is None:
+            check_every_step = os.environ.get("PAGEDSERVE_CHECK_INTEGRITY", "") not in ("", "0")
+        self.check_every_step = check_every_step
+        self.incarnation = uuid.uuid4().hex
+        self.manager: BlockManager | None = None
+        self.hello: WorkerHello | None = None
+        self.hello_id = (0, 0)
+        self.last_step_id: int | None = None
+        self.synced = False  # a reset has come since the manager was created
+        self.integrity_error: str | None = None
+        self.last_integrity = 0.0
+        self.last_stats = 0.0
+        self.stats_dirty = True
+
+    async def run(self, stop: asyncio.Event) -> int:
+        await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
+        await redis_io.ensure_group(self.r, self.keys.worker_hello, GROUP, skip_backlog=True)
+        latest = await redis_io.latest_entry(self.r, self.keys.worker_hello, WorkerHello)
+        if latest is not None:
+            self._on_hello(*latest)
+        heartbeat = Heartbeat(self.r, self.keys, "kvstore", self.incarnation)
+        await heartbeat.start()
+        log.info("kvstore ready: prefix=%s prefix_caching=%s incarnation=%s%s", self.keys.prefix,
+                 self.enable_prefix_caching, self.incarnation, "" if self.manager else " (waiting for a worker)")
+        streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_alloc: (AllocRequest,)}
+        backoff = redis_io.Backoff()
+        try:
+            while not stop.is_set():
+                try:
+                    block_ms = 50 if self.stats_dirty else 1000
+                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms)
+                    for entry in entries:
+                        if entry.stream == self.keys.worker_hello:
+                            if entry.error is None:
+                                self._on_hello(entry.entry_id, entry.message)
+                        else:
+                            await self._on_alloc(entry)
+                    await self._write_stats(idle=not entries)
+                    backoff.reset()
+                except redis_io.REDIS_ERRORS as e:
+                    delay = backoff.next()
+                    log.error("redis error: %s; retrying in %.1fs", e, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            await heartbeat.stop()
+        return 0
+
+    def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
+        if redis_io.stream_id_tuple(entry_id) <= self.hello_id:
+            return
+        self.hello_id = redis_io.stream_id_tuple(entry_id)
+        self.hello = hello
+        self.manager = self._new_manager()
+        self.synced = False
+        self.integrity_error, self.stats_dirty = None, True
+        log.info("worker %s joined: pool of %d blocks of %d tokens", hello.worker_id, hello.num_blocks,
+                 hello.block_size)
+
+    def _new_manager(self) -> BlockManager:
+        return BlockManager(self.hello.num_blocks, self.hello.block_size,
+                            enable_prefix_caching=self.enable_prefix_caching, watermark=self.watermark)
+
+    async def _on_alloc(self, entry: Entry) -> None:
+        request: AllocRequest | None = entry.message
+        step_id = request.step_id if request is not None else redis_io.peek_step_id(entry.raw)
+        if request is None:
+            log.error("bad alloc request %s (step %s): %s", entry.entry_id, step_id, entry.error)
+            reply = AllocReply(step_id) if step_id is not None else None
+        elif self.manager is None:
+            log.error("alloc request for step %d before any worker said hello", step_id)
+            reply = AllocReply(step_id)
+        elif not request.reset and self.last_step_id is not None and step_id <= self.last_step_id:
+            log.warning("alloc request for step %d redelivered (last %d): dropped", step_id, self.last_step_id)
+            reply = None
+        elif not request.reset and not self.synced:
+            log.warning("alloc request for step %d before the scheduler's reset: refused", step_id)
+            reply = AllocReply(step_id)
+        else:
+            reply = self._apply(request)
+        if reply is not None:
+            await redis_io.send(self.r, self.keys.kv_reply, reply)
+            self.stats_dirty = True
+
+    def _apply(self, request: AllocRequest) -> AllocReply:
+        if request.reset:
+            held = self.manager.num_held_blocks
+            self.manager, self.synced = self._new_manager(), True
+            log.info("reset by the scheduler at step %d (%d blocks were held)", request.step_id, held)
+        self.last_step_id = request.step_id
+        try:
+            reply = self.manager.step(request)
+        except Exception as e:  # a request the manager refuses must not end the loop
+            log.error("alloc request for step %d refused: %s: %s", request.step_id, type(e).__name__, e)
+            reply = AllocReply(request.step_id, num_free_blocks=self.manager.num_free_blocks,
+                               num_blocks=self.manager.num_blocks)
+        if self.check_every_step:
+            self._check_integrity()
+            if self.integrity_error is not None:
+                log.error("integrity check failed after step %d: %s", request.step_id, self.integrity_error)
+        return reply
+
+    def _check_integrity(self) -> None:
+        self.last_integrity = time.monotonic()
+        if self.manager is None:
+            self.integrity_error = None
+            return
+        try:
+            self.manager.check_integrity()
+            self.integrity_error = None
+        except AssertionError as e:
+            self.integrity_error = str(e) or "integrity check failed"
+
+    async def _write_stats(self, idle: bool) -> None:
+        now = time.monotonic()
+        if not self.stats_dirty or (not idle and now - self.last_stats < STATS_INTERVAL_S):
+            return
+        if not self.check_every_step and (idle or now - self.last_integrity >= INTEGRITY_INTERVAL_S):
+            self._check_integrity()
+        stats = self.manager.stats() if self.manager is not None else {"num_blocks": 0, "num_held_blocks": 0,
+                                                                       "num_free_blocks": 0, "usage": 0.0}
+        stats.update(integrity_ok=self.integrity_error is None, integrity_error=self.integrity_error,
+                     incarnation=self.incarnation, step_id=self.last_step_id,
+                     worker_id=self.hello.worker_id if self.hello is not None else None)
+        await redis_io.write_stats(self.r, self.keys, "kvstore", stats)
+        self.last_stats, self.stats_dirty = now, not idle

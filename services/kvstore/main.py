@@ -1,0 +1,54 @@
+"""`pagedserve kvstore`: the block-accounting service (see loop.py for what it does over Redis).
+
+The pool's size comes from the worker's hello; the options here are the accounting policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shared import redis_io
+from shared.config import ConfigError
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.kvstore")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    redis_io.add_common_arguments(parser)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                        help="share full blocks between requests with the same prefix (default: off)")
+    parser.add_argument("--watermark", type=float, default=0.01,
+                        help="fraction of the pool admission keeps free for running requests to grow into")
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.kvstore.loop import KvStoreLoop
+
+    try:
+        redis_io.setup_logging(args.log_level)
+        if not 0.0 <= args.watermark < 1.0:
+            raise ConfigError(f"invalid config field 'watermark'={args.watermark!r}: must be in [0, 1)")
+    except ConfigError as e:
+        log.critical("bad config: %s", e)
+        return 2
+    log.info("kvstore starting: redis=%s prefix=%s", args.redis_url, args.prefix)
+
+    async def main(stop) -> int:
+        r = await redis_io.connect(args.redis_url)
+        try:
+            loop = KvStoreLoop(r, Keys(args.prefix), enable_prefix_caching=args.enable_prefix_caching,
+                               watermark=args.watermark)
+            return await loop.run(stop)
+        finally:
+            await r.aclose()
+
+    return redis_io.run_service(main, "kvstore")
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="pagedserve kvstore")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -1,0 +1,199 @@
+"""`pagedserve up`: the whole stack on one machine.
+
+Uses $REDIS_URL if set, else starts an embedded Redis; starts kvstore, scheduler, worker
+and api as child processes (`python -m services.<svc>.main`), each in its own process
+group; waits until the api's GET /ready answers 200 and prints the URL; then supervises.
+Ctrl-C/SIGTERM stops every child (SIGTERM, SIGKILL after a grace period; a second Ctrl-C
+kills at once), the embedded Redis last. If a child dies, or the stack is not ready in
+time, it says which, prints that child's last log lines, stops the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import httpx
+
+from services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from services.launcher.supervisor import Child, Supervisor
+from shared.config import ConfigError, parse_size
+
+log = logging.getLogger("pagedserve.up")
+
+PROGRESS_EVERY_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="model name or path (default: smollm2)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: bfloat16 on a GPU or a CPU with AVX-512 BF16/AMX, else float32")
+    parser.add_argument("--device", default=None, help="worker device, e.g. cpu or cuda (default: the worker's)")
+    parser.add_argument("--host", default="127.0.0.1", help="api address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="api port (default 8000)")
+    parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on a CPU (default 2GiB)")
+    parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
+    parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=False,
+                        help="share cached prefix blocks between requests")
+    parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                        help="no prefix sharing (default)")
+    parser.add_argument("--api-key", default=os.environ.get("PAGEDSERVE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' (env PAGEDSERVE_API_KEY)")
+    parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or "pagedserve",
+                        help="Redis key prefix (env PAGEDSERVE_PREFIX)")
+    parser.add_argument("--log-level", default=os.environ.get("PAGEDSERVE_LOG_LEVEL") or "info",
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /ready (default 180)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """ConfigError naming the option for a bad value, before anything starts."""
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port={args.port}: must be in 1..65535")
+    parse_size(args.kv_cache_memory)
+    if args.num_blocks is not None and args.num_blocks < 1:
+        raise ConfigError(f"--num-blocks={args.num_blocks}: must be at least 1")
+    if not args.prefix or any(c.isspace() for c in args.prefix):
+        raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
+    if args.ready_timeout <= 0:
+        raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
+    from shared.model_source import resolve_model
+
+    try:
+        resolve_model(args.model)
+    except ValueError as e:
+        raise ConfigError(f"--model={args.model!r}: {e}") from None
+
+
+def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str, list[str]]]:
+    """(name, argv) of each service, in start order."""
+    common = ["--redis-url", redis_url, "--prefix", args.prefix, "--log-level", args.log_level]
+    kvstore = ["--enable-prefix-caching"] if args.prefix_caching else []
+    worker = ["--model", args.model, "--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory)]
+    if args.num_blocks is not None:
+        worker += ["--num-blocks", str(args.num_blocks)]
+    if args.device:
+        worker += ["--device", args.device]
+    api = ["--model", args.model, "--host", args.host, "--port", str(args.port)]
+
+    def cmd(module: str, extra: list[str]) -> list[str]:
+        return [sys.executable, "-m", f"services.{module}.main", *common, *extra]
+
+    return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", [])),
+            ("worker", cmd("gpu_worker", worker)), ("api", cmd("api", api))]
+
+
+def child_env(redis_url: str, args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ, REDIS_URL=redis_url, PAGEDSERVE_PREFIX=args.prefix, PYTHONUNBUFFERED="1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.api_key:
+        env["PAGEDSERVE_API_KEY"] = args.api_key  # the api reads it; kept off the command line
+    return env
+
+
+def probe_url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def wait_ready(sup: Supervisor, base_url: str, timeout_s: float, stop: threading.Event) -> str | None:
+    """None once /ready is 200; else why not (a child died, timeout, interrupted)."""
+    start = time.monotonic()
+    next_progress = start + PROGRESS_EVERY_S
+    missing = "api"
+    with httpx.Client(timeout=2.0) as client:
+        while not stop.is_set():
+            dead = sup.first_dead()
+            if dead is not None:
+                return f"{dead.name} exited with {dead.returncode()} before the stack was ready"
+            try:
+                r = client.get(base_url + "/ready")
+                if r.status_code == 200:
+                    return None
+                missing = ", ".join(r.json().get("missing", [])) or f"HTTP {r.status_code}"
+            except (httpx.HTTPError, ValueError):
+                missing = "api"
+            now = time.monotonic()
+            if now - start > timeout_s:
+                return f"not ready after {timeout_s:.0f} s (waiting for: {missing})"
+            if now >= next_progress:
+                log.info("waiting for the stack (%.0f s): %s not ready yet", now - start, missing)
+                next_progress = now + PROGRESS_EVERY_S
+            stop.wait(0.5)
+    return "interrupted"
+
+
+def report_failure(sup: Supervisor, why: str) -> None:
+    log.error("pagedserve up failed: %s", why)
+    dead = sup.first_dead()
+    suspects = [dead] if dead is not None else [c for c in sup.children if c.name != "redis"]
+    for child in suspects:
+        lines = child.tail(20)
+        print(f"--- last log lines of {child.name} ---", file=sys.stderr)
+        print("\n".join(lines) if lines else "(no output)", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per /ready probe
+    try:
+        check_args(args)
+    except ConfigError as e:
+        print(f"pagedserve up: invalid config: {e}", file=sys.stderr)
+        return 2
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        if stop.is_set():
+            force.set()
+        log.info("got %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sup = Supervisor()
+    embedded: EmbeddedRedis | None = None
+    try:
+        redis_url = os.environ.get("REDIS_URL")
+        if redis_url:
+            log.info("using redis at %s (REDIS_URL)", redis_url)
+        else:
+            embedded = EmbeddedRedis(sup)
+            redis_url = embedded.start()
+        return _run(args, sup, stop, redis_url)
+    except EmbeddedRedisError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        sup.stop_all(grace_s=15.0, force=force, last=embedded.child if embedded else None)
+        if embedded is not None:
+            embedded.cleanup()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        log.info("pagedserve up stopped")
+
+
+def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis_url: str) -> int:
+    if stop.is_set():
+        return 0
+    env = child_env(redis_url, args)
+    for name, argv in service_commands(args, redis_url):
+        sup.start(Child(name, argv, env))
+    base_url = probe_url(args.host, args.port)
+    why = wait_ready(sup, base_url, args.ready_timeout, stop)
+    if why == "interrupted":
+        return 0
+    if why is not None:
+        report_failure(sup, why)
+        return 1
+    print(f"pagedserve ready at http://{args.host}:{args.port}", flush=True)
+    while not stop.wait(0.5):
+        dead = sup.first_dead()
+        if dead is not None:
+            report_failure(sup, f"{dead.name} exited with {dead.returncode()}")
+            return 1
+    return 0

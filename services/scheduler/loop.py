@@ -1,0 +1,293 @@
+"""The scheduler service's Redis loop: the only scheduler file that touches Redis.
+
+One reader (consumer group "scheduler") follows four streams: requests (submissions and
+aborts, read only once a worker has said hello, since a Request needs its eos ids),
+kv_reply, worker_results and worker_hello. A step, while there is work and both peers
+are up: schedule() -> AllocRequest -> the AllocReply of that step_id -> on_alloc() ->
+StepPlan -> the StepResult of that step_id -> on_result() -> one DeltaBatch per api.
+Submissions read meanwhile are applied between steps.
+
+Crash handling. Step ids start at the wall clock in microseconds, so a late reply to a
+dead predecessor never matches. Heartbeats are checked every CHECK_INTERVAL_S, also while
+a reply is awaited: a kvstore that vanished or changed incarnation, a worker that vanished
+(its next hello brings it back) or changed, a reply that does not come in step_timeout_s,
+a reply the core refuses, or a Redis error all end the same way: the open step is
+abandoned, every running request goes back to waiting (recompute from prompt + tokens so
+far), and the next AllocRequest and StepPlan carry reset=True. An api whose heartbeat
+expired has its requests aborted. A request the worker fails in MAX_STRIKES consecutive
+failed steps is aborted, so one poisonous request cannot stall the rest for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter
+
+from services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
+from services.scheduler.scheduler import Scheduler
+from shared import redis_io
+from shared.messages import (
+    AbortRequest,
+    AllocReply,
+    DeltaBatch,
+    StepPlan,
+    StepResult,
+    SubmitRequest,
+    WorkerHello,
+)
+from shared.redis_io import Heartbeat
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.scheduler")
+
+GROUP = CONSUMER = "scheduler"
+POLL_S = 0.5  # longest a read blocks, so heartbeats are checked while waiting
+CHECK_INTERVAL_S = 0.5
+STATS_INTERVAL_S = 0.05  # stats at most ~20 times a second while busy
+MAX_STRIKES = 2
+
+
+class SchedulerLoop:
+    def __init__(self, r, keys: Keys, scheduler: Scheduler, step_timeout_s: float = 30.0) -> None:
+        self.r, self.keys, self.sched, self.step_timeout_s = r, keys, scheduler, step_timeout_s
+        self.incarnation = uuid.uuid4().hex
+        self.stop = asyncio.Event()
+        self.routes = ApiRoutes()
+        self.inbox: list[SubmitRequest | AbortRequest] = []
+        self.hello: WorkerHello | None = None
+        self.hello_id = (0, 0)
+        self.worker_inc: str | None = None  # None: no live worker accepted
+        self.kv_inc: str | None = None
+        self.reset_kv = self.reset_worker = True
+        self.awaiting: tuple[str, int] | None = None
+        self.reply: AllocReply | StepResult | None = None
+        self.step_broken = False
+        self.strikes: Counter[str] = Counter()
+        self.step_id = 0
+        self.next_check = 0.0
+        self.last_stats = 0.0
+        self.stats_dirty = True
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> int:
+        self.stop = stop
+        self.sched.start_step_ids_at(time.time_ns() // 1000)
+        for stream in (self.keys.kv_reply, self.keys.worker_results, self.keys.worker_hello):
+            await redis_io.ensure_group(self.r, stream, GROUP, skip_backlog=True)
+        await redis_io.ensure_group(self.r, self.keys.requests, GROUP)
+        latest = await redis_io.latest_entry(self.r, self.keys.worker_hello, WorkerHello)
+        if latest is not None:
+            await self._on_hello(*latest)
+        heartbeat = Heartbeat(self.r, self.keys, "scheduler", self.incarnation)
+        await heartbeat.start()
+        log.info("scheduler ready: prefix=%s policy=%s incarnation=%s", self.keys.prefix,
+                 self.sched.policy.name, self.incarnation)
+        backoff, failing = redis_io.Backoff(), False
+        try:
+            while not stop.is_set():
+                try:
+                    await self._iteration()
+                    backoff.reset()
+                    failing = False
+                except redis_io.REDIS_ERRORS as e:
+                    delay = backoff.next()
+                    log.error("redis error: %s; retrying in %.1fs", e, delay)
+                    # a step may have been cut in half: abandon it, start the peers afresh
+                    self._peers_failed("redis error", quiet=failing)
+                    failing = True
+                    await asyncio.sleep(delay)
+        finally:
+            await heartbeat.stop()
+        return 0
+
+    def _ready(self) -> bool:
+        return self.kv_inc is not None and self.worker_inc is not None
+
+    async def _iteration(self) -> None:
+        busy = self._ready() and (self.sched.has_requests() or bool(self.inbox))
+        await self._poll(None if busy else POLL_S)
+        self._apply_inbox()
+        await self._flush_outbox()
+        if self._ready() and self.sched.has_requests():
+            await self._step()
+        await self._write_stats()
+
+    async def _step(self) -> None:
+        self.step_broken = False
+        alloc = self.sched.schedule()
+        alloc.reset = self.reset_kv
+        await redis_io.send(self.r, self.keys.kv_alloc, alloc)
+        reply = await self._await_reply(self.keys.kv_reply, alloc.step_id, "kvstore")
+        if reply is None:
+            return
+        try:
+            plan = self.sched.on_alloc(reply)
+        except (ValueError, RuntimeError) as e:
+            self._peers_failed(f"kvstore reply to step {alloc.step_id} refused: {e}")
+            return
+        self.reset_kv = False
+        plan.reset = self.reset_worker
+        await redis_io.send(self.r, self.keys.worker_plan(self.hello.worker_id), plan)
+        result = await self._await_reply(self.keys.worker_results, plan.step_id, "worker")
+        if result is None:
+            return
+        try:
+            deltas = self.sched.on_result(result)
+        except (ValueError, RuntimeError) as e:
+            self._worker_failed(plan, result, e)
+            return
+        self.reset_worker = False
+        self.strikes.clear()
+        self.step_id = plan.step_id
+        for delta in deltas:
+            self.routes.route(delta)
+        await self._flush_outbox()
+        self.stats_dirty = True
+
+    async def _await_reply(self, stream: str, step_id: int, peer: str):
+        """The reply of this step, or None if the step was abandoned meanwhile."""
+        self.awaiting, self.reply = (stream, step_id), None
+        deadline = time.monotonic() + self.step_timeout_s
+        try:
+            while self.reply is None and not self.step_broken and not self.stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._peers_failed(f"{peer} did not answer step {step_id} in {self.step_timeout_s:.0f}s")
+                    break
+                await self._poll(min(left, POLL_S))
+        finally:
+            self.awaiting = None
+        return None if self.step_broken or self.stop.is_set() else self.reply
+
+    # ---- reading -------------------------------------------------------------------------
+
+    async def _poll(self, block_s: float | None) -> None:
+        streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_reply: (AllocReply,),
+                   self.keys.worker_results: (StepResult,)}
+        if self.hello is not None:
+            streams[self.keys.requests] = (SubmitRequest, AbortRequest)
+        block_ms = None if block_s is None else max(1, int(block_s * 1000))
+        for entry in await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms):
+            if entry.error is not None:
+                log.error("bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
+                if self.awaiting is not None and entry.stream == self.awaiting[0]:
+                    self._peers_failed(f"undecodable reply on {entry.stream}")
+            elif entry.stream == self.keys.requests:
+                self.inbox.append(entry.message)
+            elif entry.stream == self.keys.worker_hello:
+                await self._on_hello(entry.entry_id, entry.message)
+            elif self.awaiting == (entry.stream, entry.message.step_id):
+                self.reply = entry.message
+            else:
+                log.debug("stale reply for step %s on %s ignored", entry.message.step_id, entry.stream)
+        if time.monotonic() >= self.next_check:
+            await self._check_heartbeats()
+
+    async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
+        if redis_io.stream_id_tuple(entry_id) <= self.hello_id:
+            return  # seen at bootstrap already
+        self.hello_id = redis_io.stream_id_tuple(entry_id)
+        had_worker = self.worker_inc is not None
+        self.hello = hello
+        self.worker_inc = await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}")
+        # a request longer than the whole pool could never be admitted again once preempted
+        self.sched.max_model_len = min(hello.max_model_len, hello.num_blocks * hello.block_size)
+        log.info("worker %s joined: model=%s num_blocks=%d block_size=%d max_model_len=%d%s", hello.worker_id,
+                 hello.model, hello.num_blocks, hello.block_size, self.sched.max_model_len,
+                 "" if self.worker_inc else " (no heartbeat: waiting for a live worker)")
+        if had_worker:
+            self._peers_failed(f"worker {hello.worker_id} restarted")
+        self.reset_kv = self.reset_worker = True
+
+    async def _check_heartbeats(self) -> None:
+        self.next_check = time.monotonic() + CHECK_INTERVAL_S
+        names = ["kvstore"] + ([f"worker:{self.hello.worker_id}"] if self.hello is not None else [])
+        apis = self.routes.api_ids()
+        values = await self.r.mget([self.keys.heartbeat(n) for n in names] + [self.keys.heartbeat(f"api:{a}")
+                                                                             for a in apis])
+        kv_inc = values[0].decode() if values[0] is not None else None
+        if kv_inc != self.kv_inc:
+            if self.kv_inc is not None:
+                self._peers_failed("kvstore lost" if kv_inc is None else "kvstore restarted")
+            elif kv_inc is not None:
+                log.info("kvstore joined (incarnation %s)", kv_inc)
+            self.kv_inc = kv_inc
+            self.reset_kv = self.reset_worker = True
+        if self.worker_inc is not None and (values[1] or b"").decode() != self.worker_inc:
+            self._peers_failed(f"worker {self.hello.worker_id} lost")
+            self.worker_inc = None
+        for api_id, value in zip(apis, values[len(names):], strict=True):
+            if value is None:
+                ids = self.routes.requests_of(api_id)
+                log.warning("api %s lost: aborting its %d requests", api_id, len(ids))
+                for request_id in ids:
+                    self.sched.abort_request(request_id)
+
+    # ---- requests in, deltas out ---------------------------------------------------------
+
+    def _apply_inbox(self) -> None:
+        inbox, self.inbox = self.inbox, []
+        for message in inbox:
+            if isinstance(message, AbortRequest):
+                self.sched.abort_request(message.request_id)  # unknown/finished: a no-op
+            else:
+                self._submit(message)
+
+    def _submit(self, sub: SubmitRequest) -> None:
+        if self.routes.is_known(sub.request_id):
+            log.debug("duplicate submission %s ignored", sub.request_id)
+            return
+        request = request_from_submit(sub, self.hello.eos_token_ids)
+        done = request.stop_status(self.sched.max_model_len)
+        if done is not None:  # its last token was delivered before the old scheduler died
+            self.routes.route(final_delta(request, done.finish_reason), sub.api_id)
+            return
+        try:
+            self.sched.add_request(request)
+        except ValueError as e:
+            log.error("request %s from api %s refused: %s", sub.request_id, sub.api_id, e)
+            self.routes.route(final_delta(request, "abort"), sub.api_id)
+            return
+        self.routes.add(sub.request_id, sub.api_id)
+
+    async def _flush_outbox(self) -> None:
+        for api_id, deltas in self.routes.take().items():
+            await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
+
+    # ---- failures ------------------------------------------------------------------------
+
+    def _peers_failed(self, reason: str, quiet: bool = False) -> None:
+        moved = self.sched.preempt_all()
+        if moved or not quiet:
+            log.log(logging.ERROR if moved else logging.WARNING,
+                    "%s: %d running requests back to waiting; kvstore and worker will be reset", reason, len(moved))
+        self.reset_kv = self.reset_worker = True
+        self.step_broken = True
+        self.stats_dirty = True
+
+    def _worker_failed(self, plan: StepPlan, result: StepResult, error: Exception) -> None:
+        sampled = {token.request_id for token in result.sampled}
+        scheduled = [r.request_id for r in plan.new_requests] + [r.request_id for r in plan.cached_requests]
+        self._peers_failed(f"worker result of step {plan.step_id} refused: {error}")
+        for request_id in scheduled:
+            if request_id not in sampled:
+                self.strikes[request_id] += 1
+                if self.strikes[request_id] >= MAX_STRIKES and self.sched.abort_request(request_id):
+                    log.error("request %s aborted: the worker failed it %d steps in a row", request_id, MAX_STRIKES)
+
+    async def _write_stats(self) -> None:
+        busy = self.sched.has_requests()
+        if not self.stats_dirty or (busy and time.monotonic() - self.last_stats < STATS_INTERVAL_S):
+            return
+        s = self.sched.stats()
+        await redis_io.write_stats(self.r, self.keys, "scheduler", {
+            "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
+            "num_preemptions_total": s.num_preemptions_total, "prompt_tokens_total": s.num_prompt_tokens_total,
+            "generation_tokens_total": s.num_generation_tokens_total, "num_finished_total": s.num_finished_total,
+            "step_id": self.step_id, "incarnation": self.incarnation})
+        self.last_stats, self.stats_dirty = time.monotonic(), busy
+

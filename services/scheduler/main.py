@@ -1,0 +1,80 @@
+"""`pagedserve scheduler`: the scheduler service (see loop.py for what it does over Redis).
+
+Its model limits (max_model_len, eos ids) come from the worker's hello, not from options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib.metadata import entry_points
+
+from shared import redis_io
+from shared.config import ConfigError
+from shared.streams import Keys
+
+log = logging.getLogger("pagedserve.scheduler")
+
+POLICY_GROUP = "pagedserve.policies"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    redis_io.add_common_arguments(parser)
+    parser.add_argument("--policy", default="fcfs", help="scheduling policy (entry point group pagedserve.policies)")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
+    parser.add_argument("--step-timeout", type=float, default=30.0,
+                        help="seconds to wait for the kvstore's or the worker's reply before resetting them")
+
+
+def load_policy(name: str):
+    """A policy instance by name: an installed entry point, else a built-in."""
+    for ep in entry_points(group=POLICY_GROUP):
+        if ep.name == name:
+            return ep.load()()
+    from services.scheduler.policy import FCFSPolicy
+
+    builtins = {"fcfs": FCFSPolicy}
+    if name not in builtins:
+        raise ConfigError(f"invalid config field 'policy'={name!r}: no such policy (have {sorted(builtins)})")
+    return builtins[name]()
+
+
+def _check(args: argparse.Namespace) -> None:
+    for field in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, field) < 1:
+            raise ConfigError(f"invalid config field {field!r}={getattr(args, field)!r}: at least 1")
+    if not args.step_timeout > 0:
+        raise ConfigError(f"invalid config field 'step_timeout'={args.step_timeout!r}: must be > 0")
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.scheduler.loop import SchedulerLoop
+    from services.scheduler.scheduler import Scheduler
+
+    try:
+        redis_io.setup_logging(args.log_level)
+        _check(args)
+        policy = load_policy(args.policy)
+    except ConfigError as e:
+        log.critical("bad config: %s", e)
+        return 2
+    log.info("scheduler starting: redis=%s prefix=%s policy=%s", args.redis_url, args.prefix, policy.name)
+
+    async def main(stop) -> int:
+        r = await redis_io.connect(args.redis_url)
+        try:
+            scheduler = Scheduler(policy, max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.max_num_batched_tokens)
+            return await SchedulerLoop(r, Keys(args.prefix), scheduler, args.step_timeout).run(stop)
+        finally:
+            await r.aclose()
+
+    return redis_io.run_service(main, "scheduler")
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="pagedserve scheduler")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -1,0 +1,122 @@
+"""One generation request as the scheduler sees it: token counters and a status.
+
+Counters, not phases. A request knows `num_tokens` (prompt + generated) and
+`num_computed_tokens` (tokens whose KV is in the pool). While
+num_computed_tokens < num_tokens - 1 it is prefilling (possibly in chunks); a decode is the
+case num_computed_tokens == num_tokens - 1. Invariant for a RUNNING request between steps:
+0 <= num_computed_tokens < num_tokens, so it always wants at least one token.
+
+A Request holds plain data only (no reference to the scheduler or any queue), so a finished
+request is freed by reference counting alone, without waiting for the cycle collector.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.messages import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # never admitted yet
+    RUNNING = "running"  # holds blocks in the kvstore; prefill or decode
+    PREEMPTED = "preempted"  # back in waiting, holds nothing, recomputes from scratch
+    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
+    FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "finished_aborted"  # client went away / cancelled
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    eos_token_ids: list[int]
+    arrival_time: float
+    priority: int = 0  # read by policies; FCFS ignores it
+    output_token_ids: list[int] = field(default_factory=list, init=False)
+    num_computed_tokens: int = field(default=0, init=False)
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    # prefix-cache hit at the first admission (a resume after preemption does not change it)
+    num_cached_tokens: int = field(default=0, init=False)
+    num_preemptions: int = field(default=0, init=False)
+    # tie-breaker for equal arrival_time, set by the scheduler when the request is added
+    arrival_seq: int = field(default=0, init=False)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """A new list (prompt + output): safe to hand to a message that someone mutates."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    # ---- transitions (the scheduler moves the request between its queues) ------------
+
+    def admit(self, num_cached_tokens: int) -> None:
+        """WAITING/PREEMPTED -> RUNNING, starting after its prefix-cache hit.
+
+        At least the last token is always computed, so the step that reaches it samples.
+        """
+        self.num_computed_tokens = min(num_cached_tokens, self.num_tokens - 1)
+        if self.status is RequestStatus.WAITING:
+            self.num_cached_tokens = self.num_computed_tokens
+        self.status = RequestStatus.RUNNING
+
+    def preempt(self) -> None:
+        """RUNNING -> PREEMPTED: its blocks are gone; it recomputes prompt + output later."""
+        self.status = RequestStatus.PREEMPTED
+        self.num_computed_tokens = 0
+        self.num_preemptions += 1
+
+    def stop_status(self, max_model_len: int) -> RequestStatus | None:
+        """The finished status the last sampled token puts this request in, or None.
+
+        Checked in this order: EOS (unless ignore_eos), a stop token id, max_tokens,
+        max_model_len. The stopping token itself stays in output_token_ids.
+        """
+        if not self.output_token_ids:
+            return None
+        last_token_id = self.output_token_ids[-1]
+        if not self.sampling.ignore_eos and last_token_id in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if last_token_id in self.sampling.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.sampling.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,40 @@
+"""What the scheduler tells its neighbours about one request, built from the request.
+
+Every list handed out is a new list: in-process the worker and the api may keep or mutate
+what they receive, and the request must not change under them (nor they under it).
+"""
+
+from __future__ import annotations
+
+from services.scheduler.request import Request
+from shared.messages import CachedRequestData, NewRequestData, RequestDelta, SampledToken
+
+
+def new_request_data(request: Request, block_ids: list[int], num_scheduled_tokens: int) -> NewRequestData:
+    """For the worker, the first time it sees the request (new, or resumed after preemption)."""
+    return NewRequestData(
+        request.request_id,
+        request.all_token_ids,
+        list(block_ids),
+        request.num_computed_tokens,
+        num_scheduled_tokens,
+        request.sampling,
+    )
+
+
+def cached_request_data(request: Request, new_block_ids: list[int], num_scheduled_tokens: int) -> CachedRequestData:
+    """For the worker, which already holds the request: only the diff."""
+    return CachedRequestData(request.request_id, list(new_block_ids), request.num_computed_tokens, num_scheduled_tokens)
+
+
+def request_delta(request: Request, new_token_ids: list[int], logprobs: list[SampledToken] = ()) -> RequestDelta:
+    """For the api: this step's new tokens and, once finished, the finish reason."""
+    return RequestDelta(
+        request.request_id,
+        list(new_token_ids),
+        finish_reason=request.finish_reason,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_output_tokens=request.num_output_tokens,
+        num_cached_tokens=request.num_cached_tokens,
+        logprobs=list(logprobs),
+    )

@@ -1,0 +1,256 @@
+"""The scheduler: decides each step which requests run and how many tokens each computes.
+
+A step has three phases, strictly in this order, so a loop can put the kvstore and the
+worker in between (in-process or over Redis):
+
+    alloc_request = scheduler.schedule()            # -> kvstore
+    step_plan = scheduler.on_alloc(alloc_reply)     # -> worker
+    deltas = scheduler.on_result(step_result)       # -> api
+
+Drive it `while scheduler.has_requests()`: a step with no tokens still carries frees to the
+kvstore, dropped ids to the worker and abort deltas to the api.
+
+Invariants between steps:
+- every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING);
+- a waiting request holds no blocks and has num_computed_tokens == 0;
+- a finished request is referenced by no queue; its id is queued once for the kvstore's
+  free_request_ids (next schedule) and once for the worker's finished_request_ids (next
+  plan). Aborted ids are queued even if the kvstore never saw them: both sides treat an
+  unknown id as a no-op. Preempted ids go only to the worker: the kvstore freed them itself.
+- an abort's delta (finish_reason "abort") is emitted by the next on_result (not by a
+  separate drain: the api gets one message per step);
+- every ALLOC_OK grant is in the plan of its step, even for a request aborted while the
+  alloc reply was awaited (that abort takes effect right after on_alloc): the kvstore may
+  list granted blocks as cached prefixes at once, so the worker must fill them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from services.scheduler.policy import SchedulingPolicy
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta
+from services.scheduler.stats import SchedulerCounters, SchedulerStats
+from services.scheduler.step import CandidateStep, InFlightStep, build_candidates
+from shared.messages import (
+    ALLOC_OK,
+    ALLOC_PREEMPTED,
+    AllocReply,
+    AllocRequest,
+    RequestDelta,
+    StepPlan,
+    StepResult,
+)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        policy: SchedulingPolicy,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 8192,
+    ) -> None:
+        if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self._requests: dict[str, Request] = {}  # live requests (waiting or running) by id
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._arrival_seq = itertools.count()
+        self._next_step_id = 0
+        self._free_request_ids: list[str] = []  # for the next schedule()
+        self._worker_finished_ids: list[str] = []  # for the next on_alloc()
+        self._abort_deltas: list[RequestDelta] = []  # for the next on_result()
+        self._aborts_after_alloc: list[str] = []  # aborted while awaiting the alloc reply
+        self._pending: CandidateStep | None = None  # between schedule() and on_alloc()
+        self._in_flight: InFlightStep | None = None  # between on_alloc() and on_result()
+        self._counters = SchedulerCounters()
+
+    # ---- requests in and out -----------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
+            raise ValueError("only a fresh WAITING request can be added")
+        if not 0 < request.num_tokens < self.max_model_len:
+            raise ValueError(f"prompt of {request.num_tokens} tokens must be within [1, {self.max_model_len})")
+        if request.sampling.max_tokens < 1 or request.sampling.n != 1:
+            raise ValueError("max_tokens must be >= 1 and n == 1 (the api fans n out)")
+        request.arrival_seq = next(self._arrival_seq)
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+        self._counters.num_prompt_tokens_total += request.num_prompt_tokens
+
+    def abort_request(self, request_id: str) -> bool:
+        """Finish a waiting or running request with "abort"; False if it is not live. A
+        candidate awaiting its alloc reply is aborted right after on_alloc (module doc)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        if self._pending is not None and any(r is request for r, _ in self._pending.candidates):
+            self._aborts_after_alloc.append(request_id)
+            return True
+        if request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            self._waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._abort_deltas.append(request_delta(request, []))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def has_finished_requests(self) -> bool:
+        """Finished ids or abort deltas that a next step still has to deliver."""
+        return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas)
+
+    def has_requests(self) -> bool:
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def stats(self) -> SchedulerStats:
+        return self._counters.snapshot(len(self._running), len(self._waiting))
+
+    # ---- the three phases of a step ----------------------------------------------------
+
+    def schedule(self) -> AllocRequest:
+        if self._pending is not None or self._in_flight is not None:
+            raise RuntimeError("schedule() called while a step is still open")
+        step_id = self._next_step_id
+        self._next_step_id += 1
+        self._pending = build_candidates(
+            step_id,
+            running=self.policy.order_running(self._running),
+            waiting=self.policy.order_waiting(list(self._waiting)),
+            num_free_seqs=self.max_num_seqs - len(self._running),
+            token_budget=self.max_num_batched_tokens,
+        )
+        free_request_ids, self._free_request_ids = self._free_request_ids, []
+        return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates])
+
+    def on_alloc(self, reply: AllocReply) -> StepPlan:
+        pending = self._pending
+        if pending is None or reply.step_id != pending.step_id:
+            raise RuntimeError(f"unexpected alloc reply for step {reply.step_id}")
+        results = {result.request_id: result for result in reply.results}
+        if set(results) != {c.request_id for _, c in pending.candidates}:
+            raise ValueError("alloc reply does not answer exactly the candidates")
+        self._pending = None
+        plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies))
+        in_flight = InFlightStep(pending.step_id)
+        admitted: list[Request] = []
+        preempted: list[Request] = []
+        for request, candidate in pending.candidates:
+            result = results[candidate.request_id]
+            if result.status == ALLOC_OK and candidate.is_waiting:
+                request.admit(result.num_cached_tokens)
+                self._counters.num_cached_tokens_total += request.num_computed_tokens  # prefix-cache hit
+                num_scheduled = min(candidate.num_new_tokens, request.num_tokens - request.num_computed_tokens)
+                admitted.append(request)
+                # a newly admitted request's new_block_ids are its whole block table
+                plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
+            elif result.status == ALLOC_OK:
+                num_scheduled = candidate.num_new_tokens
+                plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled))
+            elif result.status == ALLOC_PREEMPTED and not candidate.is_waiting:
+                preempted.append(request)  # not offered again this step: waiting was built
+                continue
+            else:
+                continue  # not admitted (or not scheduled) this step: it keeps its place
+            in_flight.scheduled.append((request, num_scheduled))
+        if admitted:
+            self._waiting = deque(r for r in self._waiting if r.status is not RequestStatus.RUNNING)
+        self._preempt(preempted)
+        self._running.extend(admitted)
+        plan.finished_request_ids, self._worker_finished_ids = self._worker_finished_ids, []
+        self._in_flight = in_flight
+        self._apply_aborts_after_alloc()  # now in flight: their tokens will be dropped
+        return plan
+
+    def on_result(self, result: StepResult) -> list[RequestDelta]:
+        in_flight = self._in_flight
+        if in_flight is None or result.step_id != in_flight.step_id:
+            raise RuntimeError(f"unexpected step result for step {result.step_id}")
+        sampled = in_flight.sampled_tokens(result)
+        self._in_flight = None
+        deltas, self._abort_deltas = self._abort_deltas, []
+        num_finished = 0
+        for request, num_scheduled in in_flight.scheduled:
+            if request.is_finished:
+                continue  # aborted while the step ran: its token is dropped
+            request.num_computed_tokens += num_scheduled
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue  # mid-prefill chunk: nothing sampled yet
+            request.output_token_ids.append(token.token_id)
+            self._counters.num_generation_tokens_total += 1
+            finished_status = request.stop_status(self.max_model_len)
+            if finished_status is not None:
+                self._finish(request, finished_status)
+                num_finished += 1
+            logprobs = [token] if request.sampling.logprobs is not None else []
+            deltas.append(request_delta(request, [token.token_id], logprobs))
+        if num_finished:
+            self._running = [r for r in self._running if not r.is_finished]
+        return deltas
+
+    # ---- recovery: the kvstore or the worker lost its state ---------------------------
+
+    def start_step_ids_at(self, step_id: int) -> None:
+        """Number steps from step_id on (a wall clock: a dead predecessor's replies never match)."""
+        if self._pending is not None or self._in_flight is not None:
+            raise RuntimeError("step ids can only change between steps")
+        self._next_step_id = step_id
+
+    def preempt_all(self) -> list[Request]:
+        """Abandon the open step, if any, and send every running request back to waiting to
+        recompute from prompt + output so far (counted as preemptions). The caller resets
+        the kvstore and the worker. Returns the moved requests, most important first."""
+        self._pending = self._in_flight = None
+        moved = self.policy.order_running(self._running)
+        moved += [r for r in self._running if r not in moved]  # any the policy left out
+        self._preempt(moved)
+        self._apply_aborts_after_alloc()
+        return moved
+
+    # ---- state transitions -------------------------------------------------------------
+
+    def _preempt(self, preempted: list[Request]) -> None:
+        """RUNNING -> PREEMPTED, back to the front of waiting, most important first. The
+        kvstore freed their blocks already; the worker drops them with the next plan."""
+        if not preempted:
+            return
+        for request in preempted:
+            request.preempt()
+            self._worker_finished_ids.append(request.request_id)
+        self._counters.num_preemptions_total += len(preempted)
+        self._running = [r for r in self._running if r.status is RequestStatus.RUNNING]
+        self._waiting.extendleft(reversed(preempted))
+
+    def _apply_aborts_after_alloc(self) -> None:
+        aborts, self._aborts_after_alloc = self._aborts_after_alloc, []
+        for request_id in aborts:
+            self.abort_request(request_id)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Caller removes it from its queue; this queues its id for kvstore and worker."""
+        request.status = status
+        del self._requests[request.request_id]
+        self._free_request_ids.append(request.request_id)
+        self._worker_finished_ids.append(request.request_id)
+        self._counters.num_finished_total += 1

@@ -1,0 +1,67 @@
+"""Engine configuration shared by the in-process engine and the services.
+
+Bad config fails at start with the field named (ConfigError), never later in a loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> 2147483648; a bare number is bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(f"not a memory size: {text!r} (use e.g. 512MiB, 2GiB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2"
+    dtype: str = "auto"  # auto: bfloat16 where the CPU/GPU has it, else float32
+    device: str = "cpu"
+    attention_backend: str = "auto"  # auto: torch on CPU, triton on CUDA
+    block_size: int = 16
+    kv_cache_memory: str | int = "2GiB"  # CPU budget for the pool
+    gpu_memory_utilization: float = 0.8  # fraction of free device memory on a GPU
+    num_blocks: int | None = None  # overrides the memory budget (tests)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's context length
+    enable_prefix_caching: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, why: str) -> None:
+            if not cond:
+                raise ConfigError(f"invalid config field {name!r}={getattr(self, name)!r}: {why}")
+
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
+             "one of auto, float32, bfloat16, float16")
+        need(self.attention_backend in ("auto", "torch", "triton", "reference"), "attention_backend",
+             "one of auto, torch, triton, reference")
+        need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size", "a power of two <= 128")
+        parse_size(self.kv_cache_memory)
+        need(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]")
+        need(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "at least 1")
+        need(self.max_num_seqs >= 1, "max_num_seqs", "at least 1")
+        need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "at least 1")
+        need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,216 @@
+"""Typed messages that cross between the services, defined once.
+
+Data flows one way per step: scheduler -> kvstore (AllocRequest), kvstore -> scheduler
+(AllocReply), scheduler -> worker (StepPlan), worker -> scheduler (StepResult),
+scheduler -> api (RequestDelta). In-process the engine passes these objects directly;
+between processes `shared.codec` packs them with msgpack (one message per step per hop).
+
+Every message carries `VERSION` on the wire so a reader can refuse what it cannot parse.
+Send diffs, not state: a request's tokens cross to the worker once (NewRequestData);
+after that only counts and new block ids travel (CachedRequestData).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERSION = 1
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs to return; None: none
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
+
+
+# ---- scheduler <-> kvstore -------------------------------------------------------------
+
+
+@dataclass
+class AllocCandidate:
+    """One request that wants to run this step, in the policy's order (most important first).
+
+    num_new_tokens: tokens the scheduler wants to compute this step (a decode is 1, a
+        prefill chunk is up to the budget). For a waiting request this is counted from
+        num_computed_tokens as if nothing were cached.
+    num_tokens: all tokens the request knows now (prompt + generated); for a waiting
+        request the kvstore admits it only if the pool can hold all of them (plus a
+        watermark), so a resumed long prompt is not admitted only to thrash.
+    token_ids: for a waiting request, its known tokens (prefix-hash lookup); empty for a
+        running one.
+    """
+
+    request_id: str
+    num_new_tokens: int
+    num_tokens: int
+    is_waiting: bool = False
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class AllocRequest:
+    """scheduler -> kvstore, one per step. Frees are applied before any allocation."""
+
+    step_id: int
+    free_request_ids: list[str] = field(default_factory=list)
+    candidates: list[AllocCandidate] = field(default_factory=list)
+    # a (re)started scheduler or a lost worker: forget every request, all blocks free
+    reset: bool = False
+
+
+ALLOC_OK = "ok"
+ALLOC_PREEMPTED = "preempted"  # was running; all its blocks were freed to make room
+ALLOC_NOT_ADMITTED = "not_admitted"  # was waiting; stays waiting, holds nothing
+
+
+@dataclass
+class AllocResult:
+    request_id: str
+    status: str
+    new_block_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prefix-cache hit for a newly admitted request
+
+
+@dataclass
+class AllocReply:
+    """kvstore -> scheduler, one per step: results in the candidates' order."""
+
+    step_id: int
+    results: list[AllocResult] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+    num_free_blocks: int = 0
+    num_blocks: int = 0
+
+
+# ---- scheduler -> worker ---------------------------------------------------------------
+
+
+@dataclass
+class NewRequestData:
+    """First time the worker sees a request (new, or resumed after preemption).
+
+    token_ids: every token the request knows (prompt + generated so far).
+    block_ids: its whole block table.
+    num_computed_tokens: tokens whose KV is already in the pool (prefix-cache hits).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass
+class CachedRequestData:
+    """A request the worker already holds: only the diff travels."""
+
+    request_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    # finished, aborted or preempted since the last plan: the worker drops their state
+    finished_request_ids: list[str] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    reset: bool = False  # drop every request's state before applying this plan
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(r.num_scheduled_tokens for r in self.new_requests) + sum(
+            r.num_scheduled_tokens for r in self.cached_requests
+        )
+
+
+# ---- worker -> scheduler ---------------------------------------------------------------
+
+
+@dataclass
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class StepResult:
+    """One per step: a token for each request that reached the end of its known tokens."""
+
+    step_id: int
+    sampled: list[SampledToken] = field(default_factory=list)
+
+
+# ---- scheduler -> api ------------------------------------------------------------------
+
+
+@dataclass
+class RequestDelta:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    logprobs: list[SampledToken] = field(default_factory=list)
+
+
+@dataclass
+class DeltaBatch:
+    """scheduler -> one api process, one per step: the deltas of that api's requests."""
+
+    step_id: int
+    deltas: list[RequestDelta] = field(default_factory=list)
+
+
+# ---- api -> scheduler ------------------------------------------------------------------
+
+
+@dataclass
+class SubmitRequest:
+    request_id: str
+    api_id: str  # which api process gets this request's deltas
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float  # wall clock (time.time()) at the api
+    priority: int = 0
+    tenant: str | None = None
+    # tokens already delivered to the client: set when an api resubmits its in-flight
+    # requests to a restarted scheduler, which resumes them (recompute) from there
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+    reason: str = "abort"
+
+
+@dataclass
+class WorkerHello:
+    """worker -> scheduler/kvstore when it starts: the pool it owns."""
+
+    worker_id: str
+    num_blocks: int
+    block_size: int
+    model: str
+    max_model_len: int
+    eos_token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,250 @@
+"""The Redis plumbing every service loop shares: connect, streams, heartbeats, stats.
+
+Only the services' loop.py files (and tests) use this; the pure cores never see Redis.
+- connect(): a redis.asyncio client, pinged with exponential backoff until it answers.
+- ensure_group(): XGROUP CREATE ... MKSTREAM, BUSYGROUP ignored; skip_backlog moves the
+  group to "$" so a fresh consumer ignores what was sent to a dead predecessor.
+- send(): XADD one packed message under FIELD, the stream trimmed to ~maxlen entries.
+- read_group(): XREADGROUP on several streams, every entry decoded and acknowledged as it is
+  read (NOACK: it never enters the pending list, one round trip instead of two);
+  an entry that does not decode comes back with `error` set (and its raw bytes), so a bad
+  message ends that request, never the reader's loop.
+- Heartbeat: SET key incarnation PX ttl every interval, from a task of its own.
+- write_stats()/read_stats(): a msgpack map under keys.stats(service).
+- add_common_arguments()/run_service(): the options every service takes, and running a
+  service's async main until SIGTERM/SIGINT (exit 0) or a fatal error (logged, exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from shared.codec import CodecError, pack, unpack
+from shared.config import ConfigError
+from shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Keys
+
+log = logging.getLogger("pagedserve.redis")
+
+DEFAULT_MAXLEN = 10_000  # entries kept per stream (approximate trim)
+# what a loop retries with backoff (a server gone, restarting, out of memory, ...), never dies of
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+def default_redis_url() -> str:
+    return os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+def add_common_arguments(parser) -> None:
+    """The options every service takes: where Redis is, the key prefix, the log level."""
+    parser.add_argument("--redis-url", default=default_redis_url(),
+                        help="Redis server (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
+    parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or DEFAULT_PREFIX,
+                        help="key prefix of this stack (default: $PAGEDSERVE_PREFIX or pagedserve)")
+    parser.add_argument("--log-level", default=os.environ.get("PAGEDSERVE_LOG_LEVEL") or "INFO",
+                        help="DEBUG, INFO, WARNING or ERROR")
+
+
+class Backoff:
+    """Exponential delays: 0.1 s doubling up to `cap`; reset() after a success."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap, self._next = first, cap, first
+
+    def next(self) -> float:
+        delay, self._next = self._next, min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
+async def connect(url: str, timeout_s: float = 60.0) -> aioredis.Redis:
+    """A client that has answered PING; retried with backoff, fatal after timeout_s."""
+    client = aioredis.Redis.from_url(url)
+    backoff, deadline = Backoff(), time.monotonic() + timeout_s
+    while True:
+        try:
+            await client.ping()
+            return client
+        except REDIS_ERRORS as e:
+            if time.monotonic() > deadline:
+                await client.aclose()
+                raise ConnectionError(f"redis at {url} unreachable for {timeout_s:.0f}s: {e}") from e
+            delay = backoff.next()
+            log.warning("redis at %s unreachable (%s); retrying in %.1fs", url, e, delay)
+            await asyncio.sleep(delay)
+
+
+async def ensure_group(r: aioredis.Redis, stream: str, group: str, skip_backlog: bool = False) -> None:
+    try:
+        await r.xgroup_create(stream, group, id="$" if skip_backlog else "0", mkstream=True)
+    except redis.exceptions.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+        if skip_backlog:
+            await r.xgroup_setid(stream, group, "$")
+
+
+async def send(r: aioredis.Redis, stream: str, message: Any, maxlen: int = DEFAULT_MAXLEN) -> bytes:
+    return await r.xadd(stream, {FIELD: pack(message)}, maxlen=maxlen, approximate=True)
+
+
+@dataclass
+class Entry:
+    stream: str
+    entry_id: bytes
+    message: Any = None  # the decoded message, or None when error is set
+    error: str | None = None
+    raw: bytes | None = None
+
+
+def _decode(stream: str, entry_id: bytes, fields: dict, expected: tuple[type, ...]) -> Entry:
+    raw = fields.get(FIELD)
+    if raw is None:
+        return Entry(stream, entry_id, error=f"no field {FIELD!r}")
+    try:
+        message = unpack(raw)
+    except CodecError as e:
+        return Entry(stream, entry_id, error=str(e), raw=raw)
+    if not isinstance(message, expected):
+        names = ", ".join(t.__name__ for t in expected)
+        return Entry(stream, entry_id, error=f"expected {names}, got {type(message).__name__}", raw=raw)
+    return Entry(stream, entry_id, message, raw=raw)
+
+
+async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapping[str, tuple[type, ...]],
+                     block_ms: int | None, count: int = 256) -> list[Entry]:
+    """New entries of `streams` (stream -> accepted message types), in the order the
+    streams are given, decoded and already acknowledged. block_ms None: do not block."""
+    try:
+        reply = await r.xreadgroup(group, consumer, {s: ">" for s in streams}, count=count, block=block_ms,
+                                   noack=True)
+    except redis.exceptions.ResponseError as e:
+        if "NOGROUP" not in str(e):
+            raise
+        for stream in streams:  # the stream was deleted under us: recreate and read next time
+            await ensure_group(r, stream, group)
+        return []
+    by_stream = {(k.decode() if isinstance(k, bytes) else k): v for k, v in (reply or [])}
+    return [_decode(stream, entry_id, fields, expected)
+            for stream, expected in streams.items() for entry_id, fields in by_stream.get(stream) or []]
+
+
+async def latest_entry(r: aioredis.Redis, stream: str, expected: type) -> tuple[bytes, Any] | None:
+    """The newest decodable entry of a stream (a late joiner's bootstrap), or None."""
+    for entry_id, fields in await r.xrevrange(stream, count=16):
+        entry = _decode(stream, entry_id, fields, (expected,))
+        if entry.error is None:
+            return entry_id, entry.message
+    return None
+
+
+def stream_id_tuple(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def peek_step_id(raw: bytes | None) -> int | None:
+    """The step_id of a message that did not decode, if it can be found at all."""
+    try:
+        step_id = msgpack.unpackb(raw, raw=False)["d"]["step_id"]
+    except Exception:  # garbage of any shape
+        return None
+    return step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else None
+
+
+class Heartbeat:
+    """SET keys.heartbeat(name) = incarnation PX ttl, every interval, until stop()."""
+
+    def __init__(self, r: aioredis.Redis, keys: Keys, name: str, incarnation: str) -> None:
+        self.r, self.key, self.incarnation = r, keys.heartbeat(name), incarnation
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """The first beat is written before this returns: peers may rely on its order."""
+        await self._beat()
+        self._task = asyncio.create_task(self._run(), name=f"heartbeat {self.key}")
+
+    async def _beat(self) -> None:
+        await self.r.set(self.key, self.incarnation, px=int(HEARTBEAT_TTL_S * 1000))
+
+    async def _run(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            try:
+                await self._beat()
+                if failing:
+                    log.info("heartbeat %s: redis is back", self.key)
+                failing = False
+            except REDIS_ERRORS as e:
+                if not failing:
+                    log.error("heartbeat %s failed: %s (retrying)", self.key, e)
+                failing = True
+
+    async def stop(self) -> None:
+        """Stop beating and delete the key (if it is still ours) so peers notice at once."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(*REDIS_ERRORS):
+            if await self.r.get(self.key) == self.incarnation.encode():
+                await self.r.delete(self.key)
+
+
+async def get_incarnation(r: aioredis.Redis, keys: Keys, name: str) -> str | None:
+    """A peer's incarnation id from its heartbeat, or None if it has none (dead/not started)."""
+    value = await r.get(keys.heartbeat(name))
+    return value.decode() if value is not None else None
+
+
+async def write_stats(r: aioredis.Redis, keys: Keys, service: str, stats: dict) -> None:
+    await r.set(keys.stats(service), msgpack.packb(stats, use_bin_type=True))
+
+
+async def read_stats(r: aioredis.Redis, keys: Keys, service: str) -> dict | None:
+    data = await r.get(keys.stats(service))
+    return msgpack.unpackb(data, raw=False) if data is not None else None
+
+
+def setup_logging(level: str) -> None:
+    """One line per event on stderr; an unknown level is a config error naming log_level."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not isinstance(logging.getLevelName(str(level).upper()), int):
+        raise ConfigError(f"invalid config field 'log_level'={level!r}: one of DEBUG, INFO, WARNING, ERROR")
+    logging.getLogger().setLevel(str(level).upper())
+
+
+def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> int:
+    """Run main(stop) until it returns; SIGTERM/SIGINT set `stop`. Any exception is fatal:
+    logged with its traceback, exit status 1."""
+    service_log = logging.getLogger(f"pagedserve.{name}")
+
+    async def runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return await main(stop)
+
+    try:
+        code = asyncio.run(runner())
+    except Exception as e:  # the one place a service dies: say why, exit non-zero
+        service_log.critical("%s stopped by a fatal error: %s", name, e, exc_info=True)
+        return 1
+    service_log.info("%s stopped (exit %d)", name, code)
+    return code

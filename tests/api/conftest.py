@@ -1,0 +1,141 @@
+"""Real api processes for the api tests: `python -m services.api.main` on a free port.
+
+`api_alone` runs an api (with an API key) on a fresh prefix and no back-end at all: enough
+for validation, auth, REST bookkeeping and the abort messages a client leaving produces.
+`stack_api` runs an api on the prefix of the real back-end stack (tests/services/conftest).
+A failing test gets the api's log (and the back-end's) in its report.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from shared.codec import unpack
+from shared.streams import FIELD, Keys
+from tests.services.conftest import REDIS_URL, ServiceStack, start_backend, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-key-123"
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiProcess:
+    def __init__(self, log_dir: Path, prefix: str, api_key: str | None = None, args: list[str] | None = None):
+        self.prefix, self.api_key = prefix, api_key
+        self.keys = Keys(prefix)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"api-{self.port}.log"
+        cmd = [sys.executable, "-m", "services.api.main", "--port", str(self.port), "--prefix", prefix,
+               "--redis-url", REDIS_URL, *(args or [])]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("PAGEDSERVE_API_KEY", None)
+        if api_key:
+            env["PAGEDSERVE_API_KEY"] = api_key  # through the environment, as a deployment would
+        with open(self.log_path, "w") as log_file:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        self.redis = redis.Redis.from_url(REDIS_URL)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=kwargs.pop("timeout", 60.0),
+                            **kwargs)
+
+    def wait_healthy(self) -> None:
+        def healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"api exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                return httpx.get(self.base_url + "/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, START_TIMEOUT_S, "the api to answer /health", interval=0.2)
+
+    def requests_stream(self) -> list:
+        """Every message the api put on the requests stream (SubmitRequest/AbortRequest)."""
+        return [unpack(fields[FIELD]) for _id, fields in self.redis.xrange(self.keys.requests)]
+
+    def logs(self, tail: int = 80) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        return f"--- {self.log_path.name} ---\n" + "\n".join(lines[-tail:])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.redis.close()
+
+
+def _delete_prefix(prefix: str) -> None:
+    r = redis.Redis.from_url(REDIS_URL)
+    keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def api_alone(tmp_path_factory):
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    api = ApiProcess(tmp_path_factory.mktemp("api"), prefix, api_key=API_KEY, args=["--max-body-bytes", "65536"])
+    try:
+        api.wait_healthy()
+        yield api
+    finally:
+        api.close()
+        _delete_prefix(prefix)
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    stack = start_backend(tmp_path_factory.mktemp("stack"))
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def stack_api(backend: ServiceStack, tmp_path_factory):
+    api = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix)
+    try:
+        api.wait_healthy()
+        with api.client() as c:
+            wait_for(lambda: c.get("/ready").status_code == 200, START_TIMEOUT_S, "/ready", interval=0.2)
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    args = getattr(item, "funcargs", {})
+    for name in ("api_alone", "stack_api"):
+        if isinstance(args.get(name), ApiProcess):
+            report.sections.append((f"{name} log", args[name].logs()))
+    if isinstance(args.get("backend"), ServiceStack):
+        report.sections.append(("back-end logs", args["backend"].logs()))

@@ -1,0 +1,138 @@
+"""Body parsing and validation (pure: real tokenizer, no server): each bad input -> its 4xx,
+good inputs -> the SamplingParams the scheduler gets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.api.inputs import ModelInfo, prepare
+from services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from shared.model_source import SMOLLM2_NAMES
+
+INFO = ModelInfo(served_name="smollm2", max_model_len=8192, vocab_size=49152,
+                 aliases={n.lower() for n in SMOLLM2_NAMES})
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _prepare(tokenizer, body: dict | bytes, cls=None):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return prepare(parse_body(raw, cls), tokenizer, INFO)
+
+
+def _error(tokenizer, body, cls=None) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        _prepare(tokenizer, body, cls)
+    return info.value
+
+
+BAD_BODIES = [
+    (b"{not json", 400, "invalid_json"),
+    (b"[1, 2]", 400, "invalid_json"),
+    ({"prompt": "hi", "max_tokens": "5"}, 400, "invalid_type"),
+    ({"prompt": "hi", "max_tokens": 5.0}, 400, "invalid_type"),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
+    ({"prompt": "hi", "ignore_eos": 1}, 400, "invalid_type"),
+    ({"prompt": 12}, 400, "invalid_type"),
+    ({"max_tokens": 5}, 400, "missing_field"),
+    ({"prompt": ""}, 400, "empty_prompt"),
+    ({"prompt": []}, 400, "empty_prompt"),
+    ({"prompt": [1, 2, 999999]}, 400, None),
+    ({"prompt": [-1]}, 400, None),
+    ({"prompt": ["a", "b"]}, 400, "unsupported"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, None),
+    ({"prompt": "hi", "max_tokens": -3}, 400, None),
+    ({"prompt": "hi", "max_tokens": 8192}, 400, "context_length_exceeded"),
+    ({"prompt": [5] * 8000, "max_tokens": 200}, 400, "context_length_exceeded"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
+    ({"prompt": "hi", "n": 2}, 400, "unsupported"),
+    ({"prompt": "hi", "n": 0}, 400, "invalid_value"),
+    ({"prompt": "hi", "best_of": 3}, 400, "unsupported"),
+    ({"prompt": "hi", "echo": True}, 400, "unsupported"),
+    ({"prompt": "hi", "temperature": -0.5}, 400, None),
+    ({"prompt": "hi", "top_p": 0}, 400, None),
+    ({"prompt": "hi", "top_p": 1.5}, 400, None),
+    ({"prompt": "hi", "top_k": -2}, 400, None),
+    ({"prompt": "hi", "min_p": 2}, 400, None),
+    ({"prompt": "hi", "presence_penalty": 3}, 400, None),
+    ({"prompt": "hi", "repetition_penalty": 0}, 400, None),
+    ({"prompt": "hi", "logprobs": 50}, 400, None),
+    ({"prompt": "hi", "stop_token_ids": [49152]}, 400, None),
+    ({"prompt": "hi", "stop": [1, 2]}, 400, "invalid_type"),
+    ({"prompt": "hi", "seed": 2**70}, 400, None),
+    ({"prompt": "hi", "logit_bias": {"5": 1.0}}, 400, "unsupported"),
+    ({"messages": []}, 400, "empty_prompt"),
+    ({"messages": "hi"}, 400, "invalid_type"),
+    ({"messages": [{"content": "hi"}]}, 400, "missing_field"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, None),
+    ({"messages": [{"role": "user", "content": ""}]}, 400, "empty_prompt"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "unsupported"),
+    ({"messages": CHAT, "top_logprobs": 3}, 400, None),
+    ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, None),
+    ({"messages": CHAT, "max_completion_tokens": 0}, 400, None),
+    ({"messages": [{"role": "user", "content": "x " * 9000}]}, 400, "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("body,status,code", BAD_BODIES, ids=[str(i) for i in range(len(BAD_BODIES))])
+def test_bad_input_is_a_clear_4xx(tokenizer, body, status, code):
+    error = _error(tokenizer, body)
+    assert error.status == status
+    if code is not None:
+        assert error.code == code
+    assert error.message and error.body()["error"]["message"] == error.message
+
+
+def test_wrong_type_names_the_field(tokenizer):
+    error = _error(tokenizer, {"prompt": "hi", "top_p": "x"})
+    assert error.param == "top_p" and "top_p" in error.message
+
+
+def test_completion_defaults_follow_openai(tokenizer):
+    p = _prepare(tokenizer, {"prompt": "Hello there"})
+    assert p.kind == "completion" and p.prompt_token_ids == tokenizer.encode("Hello there")
+    assert p.sampling.max_tokens == 16 and p.sampling.temperature == 1.0 and p.sampling.logprobs is None
+    assert p.stop == [] and not p.stream
+
+
+def test_completion_fields_map_to_sampling_params(tokenizer):
+    p = _prepare(tokenizer, {"prompt": [1, 2, 3], "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": -1,
+                             "min_p": 0.1, "seed": 42, "stop": "END", "stop_token_ids": [2], "ignore_eos": True,
+                             "logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                             "repetition_penalty": 1.2, "priority": -3, "user": "alice",
+                             "model": "SmolLM2-135M-Instruct",
+                             "stream": True, "stream_options": {"include_usage": True}})
+    s = p.sampling
+    assert p.prompt_token_ids == [1, 2, 3] and p.stop == ["END"] and p.priority == -3 and p.tenant == "alice"
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (7, 0.0, 0.5, 0, 0.1, 42)
+    assert s.stop_token_ids == [2] and s.ignore_eos and s.logprobs == 2
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert p.stream and p.include_usage and p.model == "smollm2"
+
+
+def test_chat_uses_the_template_and_defaults_to_the_rest_of_the_context(tokenizer):
+    p = _prepare(tokenizer, {"messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                             "logprobs": True, "top_logprobs": 3, "stop": ["\n\n", ""]})
+    assert p.kind == "chat"
+    assert p.prompt_token_ids == tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                                                {"role": "user", "content": "hi"}])
+    assert p.sampling.max_tokens == 1024 and p.sampling.logprobs == 3 and p.stop == ["\n\n"]
+
+
+def test_chat_max_completion_tokens_wins(tokenizer):
+    p = _prepare(tokenizer, {"messages": CHAT, "max_tokens": 9, "max_completion_tokens": 4})
+    assert p.sampling.max_tokens == 4
+
+
+def test_body_kind_is_picked_by_messages_or_forced():
+    assert isinstance(parse_body(b'{"prompt": "x"}'), CompletionRequest)
+    assert isinstance(parse_body(b'{"messages": []}'), ChatCompletionRequest)
+    with pytest.raises(ApiError):
+        parse_body(b'{"prompt": "x"}', ChatCompletionRequest)
+
+
+def test_unknown_fields_are_ignored(tokenizer):
+    p = _prepare(tokenizer, {"prompt": "hi", "some_future_field": {"a": 1}, "max_tokens": 3})
+    assert p.sampling.max_tokens == 3

@@ -1,0 +1,157 @@
+"""TorchPagedBackend against the dense ReferenceBackend over random paged layouts.
+
+make_step (also used by the Triton tests) lays every request's blocks at random, permuted,
+non-contiguous places in a pool full of random stale values, optionally lets two requests
+share their first blocks (a cached prefix), and produces the step's q/k/v.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.gpu_worker.attention import get_backend, torch_paged
+from services.gpu_worker.attention.metadata import AttentionMetadata
+from services.gpu_worker.attention.reference import ReferenceBackend
+from services.gpu_worker.attention.torch_paged import TorchPagedBackend
+
+# bf16 outputs are within a few bf16 ulps of values of magnitude up to ~3
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+def make_step(requests, *, block_size, num_heads, num_kv_heads, head_dim, dtype,
+              shared_blocks=0, seed=0, device="cpu"):
+    """requests: [(query_len, seq_len)]. Requests 0 and 1 share their first shared_blocks
+    blocks, which must hold only cached context of both (new tokens go to private blocks)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    need = [(s + block_size - 1) // block_size for _, s in requests]
+    ids = list(range(sum(need) + 3))
+    rng.shuffle(ids)
+    tables, at = [], 0
+    for i, n in enumerate(need):
+        if i == 1 and shared_blocks:
+            for q, s in requests[:2]:
+                assert shared_blocks * block_size <= s - q, "a shared block would be written"
+            tables.append(tables[0][:shared_blocks] + ids[at : at + n - shared_blocks])
+            at += n - shared_blocks
+        else:
+            tables.append(ids[at : at + n])
+            at += n
+    meta = AttentionMetadata.build([q for q, _ in requests], [s for _, s in requests], tables,
+                                   block_size, device=device)
+    num_tokens = sum(q for q, _ in requests)
+    cache = torch.randn(2, len(ids), block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    return meta, cache.to(device), q.to(device), k.to(device), v.to(device)
+
+
+def check_against_reference(backend, meta, cache, q, k, v, scale=None):
+    """write_kv must store exactly what the reference stores; attend must match it."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ref_cache, cache = cache.cpu().clone(), cache.clone()
+    reference, cpu_meta = ReferenceBackend(), _cpu_meta(meta)
+    reference.write_kv(k.cpu(), v.cpu(), ref_cache, cpu_meta)
+    backend.write_kv(k, v, cache, meta)
+    assert torch.equal(cache.cpu(), ref_cache)
+    expected = reference.attend(q.cpu(), ref_cache, cpu_meta, scale)
+    got = backend.attend(q, cache, meta, scale)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got.cpu().float(), expected.float(), **TOLERANCE[q.dtype])
+
+
+def _cpu_meta(meta: AttentionMetadata) -> AttentionMetadata:
+    if meta.block_tables.device.type == "cpu":
+        return meta
+    return AttentionMetadata(meta.query_start_loc.cpu(), meta.seq_lens.cpu(), meta.block_tables.cpu(),
+                             meta.slot_mapping.cpu(), meta.max_query_len, meta.max_seq_len,
+                             meta.query_lens_cpu, meta.seq_lens_cpu)
+
+
+@st.composite
+def steps(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    num_kv_heads, group = draw(st.sampled_from([(1, 1), (2, 2), (3, 3), (1, 4), (4, 1)]))
+    requests = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["decode", "prefill", "chunk"]))
+        q = 1 if kind == "decode" else draw(st.integers(2, 40))
+        cached = 0 if kind == "prefill" else draw(st.integers(0 if kind == "chunk" else 1, 70))
+        requests.append((q, cached + q))
+    shared = 0
+    if len(requests) >= 2:
+        room = min((s - q) // block_size for q, s in requests[:2])
+        shared = draw(st.integers(0, min(room, 3)))
+    return dict(requests=requests, block_size=block_size, num_heads=num_kv_heads * group,
+                num_kv_heads=num_kv_heads, head_dim=draw(st.sampled_from([8, 24, 64])),
+                dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])), shared_blocks=shared,
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps())
+def test_random_layouts_match_reference(step):
+    check_against_reference(TorchPagedBackend(), *make_step(**step))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_real_model_shape_mixed_batch(dtype):
+    # 9 query heads over 3 kv heads, head_dim 64, block_size 16: decodes with contexts ending
+    # mid-block, a chunk after cached context, a fresh prefill, and a shared prefix
+    requests = [(1, 200), (1, 137), (1, 1), (1, 16), (1, 17), (37, 100), (20, 20), (1, 63)]
+    step = make_step(requests, block_size=16, num_heads=9, num_kv_heads=3, head_dim=64, dtype=dtype,
+                     shared_blocks=8, seed=3)
+    check_against_reference(TorchPagedBackend(), *step)
+
+
+@pytest.mark.parametrize("pad_tokens", [0, 1 << 30])
+def test_decode_buckets_one_per_length_or_one_for_all(monkeypatch, pad_tokens):
+    monkeypatch.setattr(torch_paged, "PAD_TOKENS_PER_CALL", pad_tokens)
+    rng = random.Random(7)
+    requests = [(1, rng.randint(1, 300)) for _ in range(24)] + [(5, 9)]
+    step = make_step(requests, block_size=4, num_heads=6, num_kv_heads=2, head_dim=16,
+                     dtype=torch.float32, seed=7)
+    check_against_reference(TorchPagedBackend(), *step)
+
+
+def test_plan_reused_across_layers_and_rebuilt_for_a_new_step():
+    backend = TorchPagedBackend()
+    shape = dict(block_size=4, num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    meta, cache, q, k, v = make_step([(1, 9), (6, 13), (1, 30)], seed=1, **shape)
+    other_layer = make_step([(1, 9), (6, 13), (1, 30)], seed=2, **shape)[1]
+    check_against_reference(backend, meta, cache, q, k, v)
+    check_against_reference(backend, meta, other_layer, q, k, v)  # same step, next layer
+    check_against_reference(backend, *make_step([(3, 3), (1, 50)], seed=4, **shape))  # next step
+
+
+def test_strided_views_and_custom_scale():
+    # the model hands q/k/v as views of one fused projection output
+    meta, cache, q, k, v = make_step([(1, 21), (7, 12)], block_size=4, num_heads=4, num_kv_heads=2,
+                                     head_dim=16, dtype=torch.float32, seed=5)
+    fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    q2, k2, v2 = (t.view(t.shape[0], -1, 16) for t in fused.split([64, 32, 32], dim=1))
+    assert not q2.is_contiguous()
+    check_against_reference(TorchPagedBackend(), meta, cache, q2, k2, v2, scale=0.3)
+
+
+def test_write_kv_converts_to_cache_dtype():
+    meta, cache, q, k, v = make_step([(3, 7)], block_size=4, num_heads=2, num_kv_heads=2, head_dim=8,
+                                     dtype=torch.float32, seed=6)
+    cache = cache.to(torch.bfloat16)
+    expected = cache.clone()
+    ReferenceBackend().write_kv(k, v, expected, meta)
+    TorchPagedBackend().write_kv(k, v, cache, meta)
+    assert torch.equal(cache, expected)
+
+
+def test_get_backend_by_name():
+    for name in ("torch", "reference", "triton"):
+        assert get_backend(name).name == name
+    with pytest.raises(ValueError, match="torch, triton, reference"):
+        get_backend("flash")

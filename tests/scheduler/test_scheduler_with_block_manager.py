@@ -1,0 +1,90 @@
+"""The scheduler driven with the real kvstore BlockManager instead of the counting double."""
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from services.kvstore.block_manager import BlockManager
+from shared.messages import RequestDelta
+from tests.scheduler.fakes import (
+    FakeWorker,
+    finish_reasons,
+    make_request,
+    make_stack,
+    outputs_by_request,
+    run_step,
+    run_until_done,
+    token_at,
+)
+from tests.scheduler.scheduler_machine import BLOCK_SIZE, SchedulerMachine
+
+MACHINE_SETTINGS = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    report_multiple_bugs=False,
+)
+
+
+class BlockManagerMachine(SchedulerMachine):
+    def make_allocator(self, num_blocks: int):
+        return BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
+
+
+class PrefixCachingBlockManagerMachine(SchedulerMachine):
+    """make_request gives ids of equal length equal prompts: plenty of prefix hits."""
+
+    def make_allocator(self, num_blocks: int):
+        return BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=True)
+
+
+TestSchedulerWithBlockManager = BlockManagerMachine.TestCase
+TestSchedulerWithBlockManager.settings = MACHINE_SETTINGS
+TestSchedulerWithPrefixCaching = PrefixCachingBlockManagerMachine.TestCase
+TestSchedulerWithPrefixCaching.settings = MACHINE_SETTINGS
+
+
+def _stack(num_blocks: int, block_size: int, prefix: bool, **scheduler_args):
+    scheduler, _, _ = make_stack(num_blocks=num_blocks, block_size=block_size, **scheduler_args)
+    manager = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=0.0)
+    return scheduler, manager, FakeWorker(block_size)
+
+
+def test_a_repeated_prompt_starts_after_its_cached_full_blocks():
+    scheduler, manager, worker = _stack(num_blocks=64, block_size=16, prefix=True)
+    scheduler.add_request(make_request("a", num_prompt_tokens=100, max_tokens=1))
+    run_until_done(scheduler, manager, worker)
+    b = make_request("b", num_prompt_tokens=100, max_tokens=1)  # same prompt as "a"
+    scheduler.add_request(b)
+    records = run_until_done(scheduler, manager, worker)
+
+    new = records[0].plan.new_requests[0]
+    assert (new.num_computed_tokens, new.num_scheduled_tokens, len(new.block_ids)) == (96, 4, 7)
+    assert records[0].deltas == [RequestDelta("b", [token_at("b", 100)], "length", 100, 1, 96)]
+    assert manager.num_free_blocks == 64
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_preemption_with_the_block_manager_changes_no_token(prefix):
+    def requests():
+        # each ends at 20 tokens = 5 blocks of 4; a 7-block pool cannot hold both
+        return [make_request(r, num_prompt_tokens=8, max_tokens=12, arrival_time=t) for r, t in (("a", 0), ("b", 1))]
+
+    scheduler, manager, worker = _stack(num_blocks=7, block_size=4, prefix=prefix)
+    for request in requests():
+        scheduler.add_request(request)
+    records = []
+    while scheduler.has_requests():
+        records.append(run_step(scheduler, manager, worker))
+        manager.check_integrity()
+    reference_scheduler, reference_manager, reference_worker = _stack(64, 4, prefix)
+    for request in requests():
+        reference_scheduler.add_request(request)
+    reference = run_until_done(reference_scheduler, reference_manager, reference_worker)
+
+    assert scheduler.stats().num_preemptions_total >= 1
+    assert reference_scheduler.stats().num_preemptions_total == 0
+    assert outputs_by_request(records) == outputs_by_request(reference)
+    assert finish_reasons(records) == {"a": "length", "b": "length"}
+    assert manager.num_free_blocks == 7 and worker.requests == {}
