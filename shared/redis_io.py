@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
+import io
 import logging
 import os
 import signal
@@ -229,9 +231,17 @@ def setup_logging(level: str) -> None:
     logging.getLogger().setLevel(str(level).upper())
 
 
+STOP_GRACE_S = 8.0  # after SIGTERM, how long main() gets to return before the service exits anyway
+
+
 def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> int:
     """Run main(stop) until it returns; SIGTERM/SIGINT set `stop`. Any exception is fatal:
-    logged with its traceback, exit status 1."""
+    logged with its traceback, exit status 1.
+
+    A stop is bounded: if main() has not returned STOP_GRACE_S after the signal, the
+    stacks of its tasks are logged and the service exits 0 anyway (a supervisor must never
+    need SIGKILL for a clean stop); if the event loop itself is stuck, faulthandler dumps
+    every thread's stack and exits after twice that."""
     service_log = logging.getLogger(f"pagedserve.{name}")
 
     async def runner() -> int:
@@ -239,12 +249,29 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> i
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        return await main(stop)
+        task = asyncio.ensure_future(main(stop))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            faulthandler.dump_traceback_later(2 * STOP_GRACE_S, exit=True)
+            done, _ = await asyncio.wait({task}, timeout=STOP_GRACE_S)
+            if not done:
+                service_log.error("%s did not stop within %.0fs of the signal; exiting anyway", name, STOP_GRACE_S)
+                for t in asyncio.all_tasks():
+                    if t is not asyncio.current_task():
+                        buf = io.StringIO()
+                        t.print_stack(file=buf)
+                        service_log.error("task %s:\n%s", t.get_name(), buf.getvalue())
+                os._exit(0)
+        stopping.cancel()
+        return task.result()
 
     try:
         code = asyncio.run(runner())
     except Exception as e:  # the one place a service dies: say why, exit non-zero
         service_log.critical("%s stopped by a fatal error: %s", name, e, exc_info=True)
         return 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     service_log.info("%s stopped (exit %d)", name, code)
     return code
