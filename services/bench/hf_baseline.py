@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from services.bench.report import throughput_fields
 from services.bench.workloads import BenchRequest
 
 
@@ -47,6 +48,5 @@ def run_hf_baseline(requests: list[BenchRequest], model: str, dtype: str, batch_
     wall = time.perf_counter() - started
     num_output = sum(r.max_tokens for r in requests)
     num_prompt = sum(len(r.prompt_token_ids) for r in requests)
-    return {"system": f"hf-transformers-static-batch{batch_size}", "wall_s": wall, "num_requests": len(requests),
-            "output_tokens": num_output, "prompt_tokens": num_prompt, "output_tok_s": num_output / wall,
-            "total_tok_s": (num_output + num_prompt) / wall, "request_s": len(requests) / wall}
+    return {"system": f"hf-transformers-static-batch{batch_size}",
+            **throughput_fields(wall, len(requests), num_output, num_prompt)}

@@ -1,5 +1,9 @@
 """`pagedserve bench throughput`: the in-process engine offline on a workload, optionally
-against HF transformers' static batching in the same run."""
+against HF transformers' static batching in the same run.
+
+Every request is added at the start (a burst); TTFT and ITL are taken per request from the
+step in which its tokens come out, so they compare with `bench serve`'s client-side figures.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +11,20 @@ import argparse
 import json
 import time
 
+from services.bench.report import latency_summary, print_table, throughput_fields
 from services.bench.workloads import load_workload
 from shared.config import EngineConfig
 from shared.messages import SamplingParams
 
+COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+           "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate"]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", default="random-64", help="random-64, shared-prefix-32, decode-heavy-128 or FILE.json")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--kv-cache-memory", default="2GiB")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
-    parser.add_argument("--baseline", choices=["hf"], default=None)
-    parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--output", default=None, help="write the results as JSON here")
 
 
 def run_engine(requests, args) -> dict:
@@ -37,35 +39,35 @@ def run_engine(requests, args) -> dict:
     # warm-up outside the clock: one tiny request
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
     num_steps = 0
-    num_output = 0
     started = time.perf_counter()
+    last_token_at: dict[str, float] = {}
+    ttft, itl = [], []
     for r in requests:
-        engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
-    total = sum(r.max_tokens for r in requests)
-    with tqdm(total=total, unit="tok", desc="pagedserve", leave=False) as bar:
+        request_id = engine.add_request(r.prompt_token_ids,
+                                        SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+        last_token_at[request_id] = started
+    num_output = 0
+    with tqdm(total=sum(r.max_tokens for r in requests), unit="tok", desc="pagedserve", leave=False) as bar:
         while engine.has_unfinished_requests():
             deltas = engine.step()
+            now = time.perf_counter()
+            for d in deltas:
+                if not d.new_token_ids:
+                    continue
+                (itl if d.num_output_tokens > len(d.new_token_ids) else ttft).append(now - last_token_at[d.request_id])
+                last_token_at[d.request_id] = now
             new = sum(len(d.new_token_ids) for d in deltas)
             num_output += new
             bar.update(new)
             num_steps += 1
     wall = time.perf_counter() - started
-    num_prompt = sum(len(r.prompt_token_ids) for r in requests)
     stats = engine.block_manager.stats()
-    return {"system": "pagedserve-inprocess", "wall_s": wall, "num_requests": len(requests), "num_steps": num_steps,
-            "output_tokens": num_output, "prompt_tokens": num_prompt, "output_tok_s": num_output / wall,
-            "total_tok_s": (num_output + num_prompt) / wall, "request_s": len(requests) / wall,
-            "num_preemptions": stats.get("num_preemptions", 0),
-            "prefix_cache_hit_rate": stats.get("prefix_cache_hits", 0) / max(1, stats.get("prefix_cache_queries", 0))}
-
-
-def print_table(results: list[dict]) -> None:
-    cols = ["system", "wall_s", "output_tok_s", "total_tok_s", "request_s"]
-    print(" | ".join(f"{c:>28}" if i == 0 else f"{c:>12}" for i, c in enumerate(cols)))
-    for r in results:
-        print(" | ".join(f"{r[c]:>28}" if i == 0 else f"{r[c]:>12.2f}" for i, c in enumerate(cols)))
-    if len(results) == 2:
-        print(f"pagedserve / {results[1]['system']}: output tok/s x{results[0]['output_tok_s'] / results[1]['output_tok_s']:.2f}")
+    result = {"system": "pagedserve-inprocess", "num_steps": num_steps,
+              **throughput_fields(wall, len(requests), num_output, sum(len(r.prompt_token_ids) for r in requests)),
+              **latency_summary("ttft", ttft), **latency_summary("itl", itl),
+              "num_preemptions": stats.get("num_preemptions", 0),
+              "prefix_hit_rate": stats.get("prefix_cache_hits", 0) / max(1, stats.get("prefix_cache_queries", 0))}
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         r["workload"] = args.workload
         r["dtype"] = args.dtype
-    print_table(results)
+    print_table(results, COLUMNS)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2)
