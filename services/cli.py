@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("services.scheduler.main", "the scheduler: request states, the step loop, the policy"),
     "kvstore": ("services.kvstore.main", "the kvstore: block accounting, prefix cache"),
     "worker": ("services.gpu_worker.main", "a model worker: weights, KV pool, forward passes"),
+    "policies": ("services.scheduler.policies.command", "list the installed scheduling policies (plugins)"),
     "generate": ("services.launcher.generate", "answer one prompt from the terminal (in-process engine)"),
     "bench": ("services.bench.command", "benchmarks: pagedserve bench throughput --workload random-64 --baseline hf"),
     "healthcheck": ("services.launcher.healthcheck", "exit 0 if a service is alive (for container healthchecks)"),

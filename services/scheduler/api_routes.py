@@ -56,7 +56,7 @@ class ApiRoutes:
 def request_from_submit(sub: SubmitRequest, eos_token_ids: list[int]) -> Request:
     """A fresh WAITING request; a resubmission resumes after the tokens already delivered."""
     request = Request(sub.request_id, list(sub.prompt_token_ids), sub.sampling, list(eos_token_ids),
-                      sub.arrival_time, sub.priority)
+                      sub.arrival_time, sub.priority, sub.tenant)
     request.output_token_ids = list(sub.output_token_ids)
     return request
 

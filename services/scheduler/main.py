@@ -6,9 +6,9 @@ Its model limits (max_model_len, eos ids) come from the worker's hello, not from
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
-from importlib.metadata import entry_points
 
 from shared import redis_io
 from shared.config import ConfigError
@@ -16,34 +16,45 @@ from shared.streams import Keys
 
 log = logging.getLogger("pagedserve.scheduler")
 
-POLICY_GROUP = "pagedserve.policies"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     redis_io.add_common_arguments(parser)
-    parser.add_argument("--policy", default="fcfs", help="scheduling policy (entry point group pagedserve.policies)")
+    parser.add_argument("--policy", default="fcfs",
+                        help="scheduling policy: an entry point of group pagedserve.policies (`pagedserve policies`)")
+    parser.add_argument("--policy-options", default="{}", help='the policy\'s options as JSON, e.g. \'{"aging": 2}\'')
+    parser.add_argument("--max-waiting-requests", type=int, default=None,
+                        help="admission: past this many waiting requests the api answers 429 (default unbounded)")
+    parser.add_argument("--max-waiting-tokens", type=int, default=None,
+                        help="admission: past this many waiting tokens (prompt + max_tokens) the api answers 429")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--step-timeout", type=float, default=30.0,
                         help="seconds to wait for the kvstore's or the worker's reply before resetting them")
 
 
-def load_policy(name: str):
-    """A policy instance by name: an installed entry point, else a built-in."""
-    for ep in entry_points(group=POLICY_GROUP):
-        if ep.name == name:
-            return ep.load()()
-    from services.scheduler.policy import FCFSPolicy
+def load_policy(name: str, options_json: str = "{}"):
+    """The installed policy `name` with its options; ConfigError naming the field."""
+    from services.scheduler.policies.registry import PolicyError
+    from services.scheduler.policies.registry import load_policy as load
 
-    builtins = {"fcfs": FCFSPolicy}
-    if name not in builtins:
-        raise ConfigError(f"invalid config field 'policy'={name!r}: no such policy (have {sorted(builtins)})")
-    return builtins[name]()
+    try:
+        options = json.loads(options_json)
+    except ValueError as e:
+        raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: not JSON ({e})") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: must be a JSON object")
+    try:
+        return load(name, options)
+    except PolicyError as e:
+        raise ConfigError(f"invalid config field 'policy'={name!r}: {e}") from None
 
 
 def _check(args: argparse.Namespace) -> None:
     for field in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, field) < 1:
+            raise ConfigError(f"invalid config field {field!r}={getattr(args, field)!r}: at least 1")
+    for field in ("max_waiting_requests", "max_waiting_tokens"):
+        if getattr(args, field) is not None and getattr(args, field) < 1:
             raise ConfigError(f"invalid config field {field!r}={getattr(args, field)!r}: at least 1")
     if not args.step_timeout > 0:
         raise ConfigError(f"invalid config field 'step_timeout'={args.step_timeout!r}: must be > 0")
@@ -56,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         redis_io.setup_logging(args.log_level)
         _check(args)
-        policy = load_policy(args.policy)
+        policy = load_policy(args.policy, args.policy_options)
     except ConfigError as e:
         log.critical("bad config: %s", e)
         return 2
@@ -66,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         r = await redis_io.connect(args.redis_url)
         try:
             scheduler = Scheduler(policy, max_num_seqs=args.max_num_seqs,
-                                  max_num_batched_tokens=args.max_num_batched_tokens)
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_waiting_requests=args.max_waiting_requests,
+                                  max_waiting_tokens=args.max_waiting_tokens)
             return await SchedulerLoop(r, Keys(args.prefix), scheduler, args.step_timeout).run(stop)
         finally:
             await r.aclose()

@@ -49,7 +49,8 @@ class Request:
     sampling: SamplingParams
     eos_token_ids: list[int]
     arrival_time: float
-    priority: int = 0  # read by policies; FCFS ignores it
+    priority: int = 0  # read by policies (priority: higher first); FCFS ignores it
+    tenant: str | None = None  # read by policies (fair); from the api key or the request
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)

@@ -16,7 +16,11 @@ Invariants between steps:
 - a finished request is referenced by no queue; its id is queued once for the kvstore's
   free_request_ids (next schedule) and once for the worker's finished_request_ids (next
   plan). Aborted ids are queued even if the kvstore never saw them: both sides treat an
-  unknown id as a no-op. Preempted ids go only to the worker: the kvstore freed them itself.
+  unknown id as a no-op. Preempted ids go only to the worker: the kvstore freed them itself;
+  a request displaced by the scheduler (policy.may_displace) goes to both, its free in the
+  same AllocRequest that offers its displacer, so the blocks are free before admission;
+- the policy changes only between steps (set_policy), so one step's candidates are all
+  ordered by one policy, and a swap preempts, drops or restarts nothing by itself;
 - an abort's delta (finish_reason "abort") is emitted by the next on_result (not by a
   separate drain: the api gets one message per step);
 - every ALLOC_OK grant is in the plan of its step, even for a request aborted while the
@@ -29,12 +33,14 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+from services.scheduler.admission import admission_table, queue_stats
 from services.scheduler.policy import SchedulingPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta
 from services.scheduler.stats import SchedulerCounters, SchedulerStats
 from services.scheduler.step import CandidateStep, InFlightStep, build_candidates
 from shared.messages import (
+    ALLOC_NOT_ADMITTED,
     ALLOC_OK,
     ALLOC_PREEMPTED,
     AllocReply,
@@ -52,6 +58,8 @@ class Scheduler:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 8192,
+        max_waiting_requests: int | None = None,
+        max_waiting_tokens: int | None = None,
     ) -> None:
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
@@ -59,6 +67,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.max_waiting_requests = max_waiting_requests  # admission bounds (None: unbounded)
+        self.max_waiting_tokens = max_waiting_tokens
+        self._refused_ids: set[str] = set()  # waiting candidates the pool refused last step
         self._requests: dict[str, Request] = {}  # live requests (waiting or running) by id
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -126,6 +137,17 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return self._counters.snapshot(len(self._running), len(self._waiting))
 
+    def admission_table(self) -> dict:
+        """The policy's admission answers for the api (services.scheduler.admission)."""
+        queue = queue_stats(list(self._waiting), self.max_waiting_requests, self.max_waiting_tokens)
+        return admission_table(self.policy, queue)
+
+    def set_policy(self, policy: SchedulingPolicy) -> None:
+        """Swap the policy; only between steps, so no step mixes two policies' orders."""
+        if self._pending is not None or self._in_flight is not None:
+            raise RuntimeError("the policy can only change between steps")
+        self.policy = policy
+
     # ---- the three phases of a step ----------------------------------------------------
 
     def schedule(self) -> AllocRequest:
@@ -133,10 +155,14 @@ class Scheduler:
             raise RuntimeError("schedule() called while a step is still open")
         step_id = self._next_step_id
         self._next_step_id += 1
+        running = self.policy.order_running(self._running)
+        waiting = self.policy.order_waiting(list(self._waiting), list(self._running))
+        if self._displace(waiting, running):
+            running = [r for r in running if r.status is RequestStatus.RUNNING]
         self._pending = build_candidates(
             step_id,
-            running=self.policy.order_running(self._running),
-            waiting=self.policy.order_waiting(list(self._waiting)),
+            running=running,
+            waiting=waiting,  # a request displaced just now is not in it: not offered this step
             num_free_seqs=self.max_num_seqs - len(self._running),
             token_budget=self.max_num_batched_tokens,
         )
@@ -153,6 +179,9 @@ class Scheduler:
         self._pending = None
         plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies))
         in_flight = InFlightStep(pending.step_id)
+        refused = [c.request_id for _, c in pending.candidates
+                   if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]
+        self._refused_ids = set(refused[:1])  # the first refusal is the pool's; the rest head of line
         admitted: list[Request] = []
         preempted: list[Request] = []
         for request, candidate in pending.candidates:
@@ -229,6 +258,33 @@ class Scheduler:
         return moved
 
     # ---- state transitions -------------------------------------------------------------
+
+    def _displace(self, waiting: list[Request], running: list[Request]) -> bool:
+        """Before building a step: waiting requests, in the policy's order, that need room
+        (no free sequence slot, or the pool refused them last step) take the place of the
+        tail of the running order where policy.may_displace allows. The first that may not
+        stops it (head of line: the rest are less important). Only while the step's token
+        budget, after every remaining decode, leaves the displacer a token."""
+        survivors = list(running)
+        planned: list[Request] = []  # waiting requests this step will offer
+        num_free_seqs = self.max_num_seqs - len(running)
+        budget = self.max_num_batched_tokens - len(running)
+        victims: list[Request] = []
+        for candidate in waiting:
+            if budget <= 0:
+                break
+            if num_free_seqs <= 0 or candidate.request_id in self._refused_ids:
+                if not survivors or not self.policy.may_displace(candidate, survivors[-1], survivors + planned):
+                    break
+                victims.append(survivors.pop())
+                budget += 1  # the victim's decode token is not spent
+            else:
+                num_free_seqs -= 1
+            planned.append(candidate)
+            budget -= candidate.num_tokens
+        self._preempt(victims)
+        self._free_request_ids.extend(r.request_id for r in victims)  # the kvstore frees them first
+        return bool(victims)
 
     def _preempt(self, preempted: list[Request]) -> None:
         """RUNNING -> PREEMPTED, back to the front of waiting, most important first. The

@@ -23,7 +23,7 @@ class AsQueuedPolicy(SchedulingPolicy):
 
     name = "as-queued"
 
-    def order_waiting(self, waiting: list[Request]) -> list[Request]:
+    def order_waiting(self, waiting: list[Request], running: list[Request]) -> list[Request]:
         return list(waiting)
 
     def order_running(self, running: list[Request]) -> list[Request]:

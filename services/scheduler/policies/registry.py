@@ -1,0 +1,55 @@
+"""Finding policies: the entry-point group `pagedserve.policies`, and nothing else.
+
+The built-ins are registered in pyproject.toml exactly like a third-party package's
+policies, so `pagedserve policies` lists both the same way, and a name resolves to an
+installed entry point or fails (PolicyError naming it and what is installed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+
+from services.scheduler.policy import PolicyError, SchedulingPolicy
+
+GROUP = "pagedserve.policies"
+
+
+@dataclass(frozen=True)
+class InstalledPolicy:
+    name: str
+    target: str  # "module:Class"
+    distribution: str | None  # the package that registered it
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=GROUP):
+        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
+    return found
+
+
+def installed_policies() -> list[InstalledPolicy]:
+    return [InstalledPolicy(name, ep.value, ep.dist.name if ep.dist is not None else None)
+            for name, ep in sorted(_entry_points().items())]
+
+
+def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
+    """An instance of the installed policy `name` built with `options`; PolicyError if the
+    name is not installed, its class cannot be loaded, or it refuses the options."""
+    eps = _entry_points()
+    if name not in eps:
+        raise PolicyError(f"no policy {name!r} installed (installed: {sorted(eps)})")
+    try:
+        cls = eps[name].load()
+    except Exception as e:  # a broken plugin is a config error naming it, not a crash
+        raise PolicyError(f"policy {name!r} ({eps[name].value}) cannot be loaded: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, SchedulingPolicy)):
+        raise PolicyError(f"policy {name!r} ({eps[name].value}) is not a SchedulingPolicy")
+    options = dict(options or {})
+    try:
+        return cls(**options)
+    except PolicyError:
+        raise
+    except TypeError as e:
+        raise PolicyError(f"policy {name!r} refused options {options}: {e}") from e
