@@ -103,6 +103,8 @@ class NewRequestData:
     token_ids: every token the request knows (prompt + generated so far).
     block_ids: its whole block table.
     num_computed_tokens: tokens whose KV is already in the pool (prefix-cache hits).
+    num_output_tokens: how many of token_ids were generated (a resumed request): the
+        penalties count those apart from the prompt.
     """
 
     request_id: str
@@ -111,6 +113,7 @@ class NewRequestData:
     num_computed_tokens: int
     num_scheduled_tokens: int
     sampling: SamplingParams
+    num_output_tokens: int = 0
 
 
 @dataclass

@@ -1,15 +1,19 @@
 """Batched sampling: one call per step for every request that samples.
 
-Greedy rows take the argmax. Random rows get temperature, top-k, top-p and min-p as
-masks over the whole batch at once, then the exponential race (argmax of p / E with
-E ~ Exp(1)), which samples exactly from p. A request with a seed draws its noise from its
-own generator, so its output does not depend on what else is in the batch.
+First the penalties (presence, frequency, repetition; penalties.py) on every row that has
+any. Greedy rows (temperature 0) take the argmax. Random rows get temperature, top-k,
+top-p and min-p as masks over the whole batch at once, then the exponential race (argmax
+of p / E with E ~ Exp(1)), which samples exactly from p. E is counter-based noise
+(sampling_noise.py): for a seeded request a function of (seed, position) only, so its
+output does not depend on what else is in the batch, nor on preemptions.
 """
 
 from __future__ import annotations
 
 import torch
 
+from services.gpu_worker.penalties import apply_penalties
+from services.gpu_worker.sampling_noise import exponential_noise, random_keys, seeded_key
 from shared.messages import SampledToken, SamplingParams
 
 
@@ -40,33 +44,33 @@ def _apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return logits
 
 
-def _exponential_noise(shape: tuple[int, int], params: list[SamplingParams],
-                       generators: list[torch.Generator | None], device) -> torch.Tensor:
-    noise = torch.empty(shape, device=device)
-    unseeded = [i for i, g in enumerate(generators) if g is None]
-    if unseeded:
-        noise[unseeded] = torch.empty((len(unseeded), shape[1]), device=device).exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:  # per-request stream: independent of batch composition
-            noise[i].exponential_(generator=g)
-    return noise
+def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]:
+    keys = random_keys(len(params))  # unseeded rows keep these
+    for i, p in enumerate(params):
+        if p.seed is not None:
+            keys[i] = seeded_key(p.seed, positions[i])
+    return keys
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
-           generators: list[torch.Generator | None]) -> list[SampledToken]:
-    """logits [N, V] (float32) -> one SampledToken per row."""
+           token_ids: list[list[int]], num_prompt_tokens: list[int]) -> list[SampledToken]:
+    """logits [N, V] (float32) -> one SampledToken per row. token_ids[i]: row i's prompt +
+    generated tokens so far (the sampled token goes to position len(token_ids[i])), its
+    first num_prompt_tokens[i] the prompt. Logprobs are the model's, before penalties and
+    temperature (as vLLM and OpenAI report them)."""
+    processed = apply_penalties(logits, params, token_ids, num_prompt_tokens)
     greedy = torch.tensor([p.temperature <= 0.0 for p in params], device=logits.device)
-    token_ids = logits.argmax(dim=1)
+    token_ids_out = processed.argmax(dim=1)
     random_rows = (~greedy).nonzero().flatten().tolist()
     if random_rows:
         sub_params = [params[i] for i in random_rows]
-        filtered = _apply_filters(logits[random_rows], sub_params)
-        probs = filtered.softmax(1)
-        noise = _exponential_noise(probs.shape, sub_params, [generators[i] for i in random_rows], logits.device)
-        token_ids[random_rows] = (probs / noise).argmax(dim=1)
-    token_list = token_ids.tolist()
+        probs = _apply_filters(processed[random_rows], sub_params).softmax(1)
+        keys = _noise_keys(sub_params, [len(token_ids[i]) for i in random_rows])
+        noise = exponential_noise(keys, probs.shape[1], logits.device)
+        token_ids_out[random_rows] = (probs / noise).argmax(dim=1)
+    token_list = token_ids_out.tolist()
     want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
-    out = [SampledToken(request_id=r, token_id=t) for r, t in zip(request_ids, token_list, strict=False)]
+    out = [SampledToken(request_id=r, token_id=t) for r, t in zip(request_ids, token_list, strict=True)]
     if want_logprobs:
         logprobs = logits[want_logprobs].log_softmax(dim=1)
         for row, i in enumerate(want_logprobs):
@@ -74,5 +78,5 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list
             k = params[i].logprobs or 0
             if k > 0:
                 values, ids = logprobs[row].topk(k)
-                out[i].top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=False))
+                out[i].top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=True))
     return out

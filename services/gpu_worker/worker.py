@@ -32,7 +32,7 @@ class _RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling: SamplingParams
-    generator: torch.Generator | None = None
+    num_prompt_tokens: int  # token_ids[:num_prompt_tokens] is the prompt (penalties tell them apart)
     num_scheduled_tokens: int = 0
 
 
@@ -72,12 +72,10 @@ class Worker:
             copy_blocks(self.pool.kv_caches, plan.block_copies)
         scheduled: list[str] = []
         for new in plan.new_requests:
-            generator = None
-            if new.sampling.seed is not None:
-                generator = torch.Generator(device=self.device).manual_seed(new.sampling.seed)
             self.requests[new.request_id] = _RequestState(
                 token_ids=list(new.token_ids), block_ids=list(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens, sampling=new.sampling, generator=generator,
+                num_computed_tokens=new.num_computed_tokens, sampling=new.sampling,
+                num_prompt_tokens=len(new.token_ids) - new.num_output_tokens,
                 num_scheduled_tokens=new.num_scheduled_tokens)
             scheduled.append(new.request_id)
         for cached in plan.cached_requests:
@@ -119,7 +117,7 @@ class Worker:
             logits = self.model.compute_logits(hidden[sample_rows])
             sample_states = [self.requests[r] for r in sample_ids]
             result.sampled = sample(logits, [s.sampling for s in sample_states], sample_ids,
-                                    [s.generator for s in sample_states])
+                                    [s.token_ids for s in sample_states], [s.num_prompt_tokens for s in sample_states])
             for state, token in zip(sample_states, result.sampled, strict=False):
                 state.token_ids.append(token.token_id)
         return result

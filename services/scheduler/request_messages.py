@@ -19,6 +19,7 @@ def new_request_data(request: Request, block_ids: list[int], num_scheduled_token
         request.num_computed_tokens,
         num_scheduled_tokens,
         request.sampling,
+        request.num_output_tokens,
     )
 
 
