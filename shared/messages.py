@@ -31,6 +31,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # parallel sampling: n sequences from one prompt, prefilled once (shared/parallel_sampling.py);
+    # the i-th gets seed + i, so each equals what that seed gives alone
     n: int = 1
 
 
@@ -47,8 +49,11 @@ class AllocCandidate:
     num_tokens: all tokens the request knows now (prompt + generated); for a waiting
         request the kvstore admits it only if the pool can hold all of them (plus a
         watermark), so a resumed long prompt is not admitted only to thrash.
-    token_ids: for a waiting request, its known tokens (prefix-hash lookup); empty for a
-        running one.
+    token_ids: for a waiting request, all its known tokens (prefix-hash lookup); for a
+        running one, the tokens this step computes (positions num_computed_tokens on), so
+        the kvstore hashes blocks of generated tokens as they fill.
+    cache_salt: keys the prefix hash besides the tokens (and the model): requests with
+        different salts never share a block.
     """
 
     request_id: str
@@ -56,15 +61,26 @@ class AllocCandidate:
     num_tokens: int
     is_waiting: bool = False
     token_ids: list[int] = field(default_factory=list)
+    cache_salt: str = ""
+
+
+@dataclass
+class Fork:
+    """The parent's table becomes each child's (copy-on-write for its partial last block),
+    then the parent's is dropped. A child's first grant lists its whole table."""
+
+    parent_id: str
+    child_ids: list[str]
 
 
 @dataclass
 class AllocRequest:
-    """scheduler -> kvstore, one per step. Frees are applied before any allocation."""
+    """scheduler -> kvstore, one per step: forks first, then frees, then allocation."""
 
     step_id: int
     free_request_ids: list[str] = field(default_factory=list)
     candidates: list[AllocCandidate] = field(default_factory=list)
+    forks: list[Fork] = field(default_factory=list)
     # a (re)started scheduler or a lost worker: forget every request, all blocks free
     reset: bool = False
 
@@ -78,6 +94,8 @@ ALLOC_NOT_ADMITTED = "not_admitted"  # was waiting; stays waiting, holds nothing
 class AllocResult:
     request_id: str
     status: str
+    # blocks appended to the table; the whole table for an admitted waiting candidate or a
+    # fork's first grant (the worker has not seen the request yet)
     new_block_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prefix-cache hit for a newly admitted request
 
@@ -199,6 +217,15 @@ class SubmitRequest:
     # tokens already delivered to the client: set when an api resubmits its in-flight
     # requests to a restarted scheduler, which resumes them (recompute) from there
     output_token_ids: list[int] = field(default_factory=list)
+    cache_salt: str = ""  # see AllocCandidate.cache_salt
+
+
+@dataclass
+class PrefixCacheReset:
+    """api -> scheduler (requests stream) -> kvstore (kv_alloc): forget every cached
+    prefix. The kvstore reports reset_id in its stats once done."""
+
+    reset_id: str
 
 
 @dataclass

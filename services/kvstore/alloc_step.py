@@ -1,5 +1,6 @@
 """The batched allocation of one scheduler step (ARCHITECTURE.md, "One step of the loop" 2).
 
+0. Apply every fork (n > 1: the parent's table becomes each child's, the parent's goes).
 1. Free every id in free_request_ids (finished or aborted since the last step).
 2. Go through the candidates in the policy's order, most important first, greedily:
    - a running candidate gets slots for its num_new_tokens; while the pool is dry, the last
@@ -14,7 +15,10 @@
      A waiting candidate never preempts anyone, and none is admitted once this step has
      preempted: the blocks a preempted running request gave up are not handed to a
      waiting one the policy put after it.
-Results come back in candidate order.
+   A fresh fork is a running candidate whose first grant copies its shared partial block on
+   write and lists its whole table. Cached free blocks are evicted (reused) before anyone
+   is preempted: they count as free.
+Results come back in candidate order, with the step's copy-on-write pairs.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ if TYPE_CHECKING:
 
 
 def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
-    _validate(request)  # before anything changes: a bad request changes nothing
+    _validate(manager, request)  # before anything changes: a bad request changes nothing
+    manager.take_block_copies()  # a fine-grained caller's leftovers are not this step's
+    for fork in request.forks:
+        manager.fork(fork.parent_id, fork.child_ids)
     for request_id in request.free_request_ids:
         manager.free(request_id)
     candidates = request.candidates
@@ -53,23 +60,26 @@ def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
             continue
         manager.free(candidate.request_id)  # a waiting request holds nothing: drop a stale table
         admitted = manager.admit(candidate.request_id, candidate.num_tokens, candidate.num_new_tokens,
-                                 candidate.token_ids) if admitting else None
+                                 candidate.token_ids, candidate.cache_salt) if admitting else None
         if admitted is None:
             admitting = False
             results[index] = AllocResult(candidate.request_id, ALLOC_NOT_ADMITTED)
         else:
             block_ids, num_cached_tokens = admitted
             results[index] = AllocResult(candidate.request_id, ALLOC_OK, block_ids, num_cached_tokens)
-    return AllocReply(request.step_id, results, num_free_blocks=manager.num_free_blocks,
-                      num_blocks=manager.num_blocks)
+    return AllocReply(request.step_id, results, block_copies=manager.take_block_copies(),
+                      num_free_blocks=manager.num_free_blocks, num_blocks=manager.num_blocks)
 
 
 def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
                       results: list[AllocResult | None], index: int) -> AllocResult:
     candidate = candidates[index]
+    whole_table = manager.is_fresh_fork(candidate.request_id)  # the worker has not seen it
     while True:
-        new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens)
+        new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens, candidate.token_ids)
         if new_block_ids is not None:
+            if whole_table:
+                new_block_ids = manager.get_block_ids(candidate.request_id)
             return AllocResult(candidate.request_id, ALLOC_OK, new_block_ids)
         victim = _last_unanswered_running(candidates, results, index)
         manager.preempt(candidates[victim].request_id)
@@ -88,8 +98,18 @@ def _last_unanswered_running(candidates: list[AllocCandidate], results: list[All
     return index
 
 
-def _validate(request: AllocRequest) -> None:
-    """An id may be both freed and a candidate (a reused id): the free comes first."""
+def _validate(manager: BlockManager, request: AllocRequest) -> None:
+    """An id may be both freed and a candidate (a reused id): the free comes first. A fork
+    child may be freed (aborted) in the step that forks it."""
+    forked: set[str] = set()
+    for fork in request.forks:
+        if not manager.has_request(fork.parent_id) or fork.parent_id in forked:
+            raise ValueError(f"step {request.step_id}: fork of {fork.parent_id!r}, which holds no table")
+        for child_id in fork.child_ids:
+            if child_id in forked or manager.has_request(child_id):
+                raise ValueError(f"step {request.step_id}: fork child {child_id!r} already holds a table")
+        forked.update(fork.child_ids)
+        forked.add(fork.parent_id)
     seen: set[str] = set()
     for candidate in request.candidates:
         if candidate.request_id in seen:
@@ -99,6 +119,9 @@ def _validate(request: AllocRequest) -> None:
             raise ValueError(f"step {request.step_id}: {candidate.request_id!r} has a negative token count")
         if candidate.is_waiting and candidate.num_tokens < 1:
             raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has no tokens")
+        if not candidate.is_waiting and len(candidate.token_ids) not in (0, candidate.num_new_tokens):
+            raise ValueError(f"step {request.step_id}: running {candidate.request_id!r} has "
+                             f"{len(candidate.token_ids)} token ids for num_new_tokens={candidate.num_new_tokens}")
         if candidate.is_waiting and candidate.token_ids and len(candidate.token_ids) != candidate.num_tokens:
             raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has "
                              f"{len(candidate.token_ids)} token ids for num_tokens={candidate.num_tokens}")

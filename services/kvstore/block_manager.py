@@ -1,14 +1,15 @@
 """The block manager: per-request block tables over one worker's BlockPool.
 
-Fine-grained API (num_blocks_needed, can_allocate, allocate_slots, admit, free) plus the
-batched step() the scheduler drives once per step (see alloc_step.py). There is no explicit
-register: the first allocation for a request id creates its table; free() drops it.
+Fine-grained API (num_blocks_needed, can_allocate, allocate_slots, admit, fork, free) plus
+the batched step() the scheduler drives once per step (see alloc_step.py). There is no
+explicit register: the first allocation for a request id creates its table; free() drops it.
 
-Refcounts from the start: with prefix caching a full block may be in several tables;
-freeing drops one reference and only a block nobody references joins the free queue, still
-carrying its prefix hash until a new owner evicts it. A shared block is always full and
-nobody appends into a full block, so no copy-on-write is needed yet; forks that share a
-partial last block will need one in allocate_slots (copy it when its ref_cnt > 1).
+Refcounts: with prefix caching a full block may be in several tables; freeing drops one
+reference and only a block nobody references joins the free queue, still carrying its
+prefix hash until a new owner evicts it. A shared full block is never written again. The
+one shared block that is written is a fork's partial last block: a fork child's first
+allocation copies it on write (a fresh block, and a (src, dst) pair the step's reply
+hands the worker to copy before it computes), unless the child is its last holder.
 
 Invariant (check_integrity): each block's ref_cnt equals the number of tables that list it.
 """
@@ -20,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from services.kvstore.alloc_step import run_step
-from services.kvstore.block_hash import hash_full_blocks
+from services.kvstore.block_hash import hash_full_blocks, root_hash
 from services.kvstore.block_pool import BlockPool
 from services.kvstore.block_table import BlockTable, num_blocks_for
 from shared.messages import AllocReply, AllocRequest
@@ -28,7 +29,8 @@ from shared.messages import AllocReply, AllocRequest
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False,
-                 watermark: float = 0.01) -> None:
+                 watermark: float = 0.01, hash_keys: Sequence[str] = ()) -> None:
+        """hash_keys: what besides the tokens makes K/V differ for every request (the model)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not 0.0 <= watermark < 1.0:
@@ -40,8 +42,12 @@ class BlockManager:
         self.watermark_blocks = math.ceil(watermark * num_blocks)
         self._tables: dict[str, BlockTable] = {}
         self.num_preemptions = 0
+        self.hash_keys = tuple(hash_keys)
         self.prefix_cache_queries = 0  # tokens of admitted requests looked up
         self.prefix_cache_hits = 0  # of those, tokens found cached
+        self.num_block_copies = 0  # copy-on-write copies asked of the worker
+        self.num_prefix_cache_resets = 0
+        self._block_copies: list[tuple[int, int]] = []  # (src, dst) since take_block_copies()
 
     # ---- the pool at a glance ----------------------------------------------------------
 
@@ -79,24 +85,34 @@ class BlockManager:
     def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
         table = self._tables.get(request_id)
         num_total_tokens = (table.num_tokens if table is not None else 0) + num_new_tokens
-        return self.num_blocks_needed(request_id, num_total_tokens) <= self.pool.num_free_blocks
+        num_copies = int(num_new_tokens > 0 and table is not None and self._must_copy_last_block(table))
+        return self.num_blocks_needed(request_id, num_total_tokens) + num_copies <= self.pool.num_free_blocks
 
-    def allocate_slots(self, request_id: str, num_new_tokens: int) -> list[int] | None:
+    def allocate_slots(self, request_id: str, num_new_tokens: int, token_ids: Sequence[int] = ()) -> list[int] | None:
         """Cover num_new_tokens more slots; the new block ids, or None (and no change) if
-        the pool has too few free blocks."""
+        the pool has too few free blocks. token_ids: the tokens of those slots, if known
+        (hashed as blocks fill). A shared partial last block is copied first (a fork)."""
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if not self.can_allocate(request_id, num_new_tokens):
             return None
-        table = self._tables.setdefault(request_id, BlockTable())
+        table = self._tables.get(request_id)
+        if table is None:
+            table = self._tables[request_id] = self._new_table()
+        if num_new_tokens > 0:
+            if self._must_copy_last_block(table):
+                self._copy_last_block(table)
+            table.is_fresh_fork = False
+        start = table.num_tokens
         table.num_tokens += num_new_tokens
         new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
         table.blocks.extend(new_blocks)
+        table.add_known_tokens(start, list(token_ids), self.block_size)
         self._cache_full_blocks(table)
         return [block.block_id for block in new_blocks]
 
     def admit(self, request_id: str, num_tokens: int, num_new_tokens: int,
-              token_ids: Sequence[int] = ()) -> tuple[list[int], int] | None:
+              token_ids: Sequence[int] = (), cache_salt: str = "") -> tuple[list[int], int] | None:
         """Admit a waiting request: (its whole table, num_cached_tokens) or None.
 
         Only if the free pool, after prefix hits, holds all num_tokens plus the watermark
@@ -110,7 +126,11 @@ class BlockManager:
         if token_ids and len(token_ids) != num_tokens:
             raise ValueError(f"admit {request_id!r}: {len(token_ids)} token ids for num_tokens={num_tokens}")
         self.free(request_id)  # a waiting request holds nothing; a stale table is dropped
-        block_hashes = hash_full_blocks(token_ids, self.block_size) if self.enable_prefix_caching else []
+        table = self._new_table(cache_salt)
+        if self.enable_prefix_caching and token_ids:
+            table.block_hashes = hash_full_blocks(token_ids, self.block_size, table.root)
+            table.tail_token_ids = list(token_ids[len(table.block_hashes) * self.block_size:])
+        block_hashes = table.block_hashes
         hit_blocks = []
         for block_hash in block_hashes[: (num_tokens - 1) // self.block_size]:
             block = self.pool.lookup(block_hash)
@@ -127,10 +147,39 @@ class BlockManager:
             self.prefix_cache_queries += num_tokens
             self.prefix_cache_hits += num_cached_tokens
         self.pool.touch(hit_blocks)
-        self._tables[request_id] = BlockTable(hit_blocks, num_cached_tokens, block_hashes, len(hit_blocks))
+        table.blocks, table.num_tokens, table.num_hashed_blocks = hit_blocks, num_cached_tokens, len(hit_blocks)
+        self._tables[request_id] = table
         # cannot fail: min(...) slots fit in the num_blocks_wanted blocks checked above
         self.allocate_slots(request_id, min(num_new_tokens, num_tokens - num_cached_tokens))
         return self.get_block_ids(request_id), num_cached_tokens
+
+    def fork(self, parent_id: str, child_ids: Sequence[str]) -> None:
+        """Each child gets the parent's table (one more reference per block), then the
+        parent's is dropped. ValueError (and no change) for an unknown parent or a child
+        that already has a table."""
+        parent = self._tables.get(parent_id)
+        if parent is None:
+            raise ValueError(f"fork of {parent_id!r}, which holds no table")
+        if len(set(child_ids)) != len(child_ids) or any(c in self._tables or c == parent_id for c in child_ids):
+            raise ValueError(f"fork of {parent_id!r}: child ids {list(child_ids)} repeat or already hold a table")
+        for child_id in child_ids:
+            self.pool.touch(parent.blocks)
+            self._tables[child_id] = parent.fork()
+        self.free(parent_id)
+
+    def is_fresh_fork(self, request_id: str) -> bool:
+        table = self._tables.get(request_id)
+        return table is not None and table.is_fresh_fork
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) copies made since the last call, for this step's reply."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
+
+    def reset_prefix_cache(self) -> int:
+        """Empty the hash table (POST /admin/prefix-cache/reset); how many prefixes were dropped."""
+        self.num_prefix_cache_resets += 1
+        return self.pool.reset_cache()
 
     def free(self, request_id: str) -> None:
         """Drop the request's table, tail first (a no-op for an unknown id)."""
@@ -146,6 +195,23 @@ class BlockManager:
     def step(self, request: AllocRequest) -> AllocReply:
         """One call per scheduler step: frees, then the candidates in order."""
         return run_step(self, request)
+
+    def _new_table(self, cache_salt: str = "") -> BlockTable:
+        if not self.enable_prefix_caching:
+            return BlockTable()
+        return BlockTable(root=root_hash((*self.hash_keys, cache_salt)), tail_token_ids=[])
+
+    def _must_copy_last_block(self, table: BlockTable) -> bool:
+        """The next token goes into a partial last block that another table also lists."""
+        return table.num_tokens % self.block_size != 0 and table.blocks[-1].ref_cnt > 1
+
+    def _copy_last_block(self, table: BlockTable) -> None:
+        shared = table.blocks[-1]
+        (fresh,) = self.pool.allocate(1)
+        self.pool.release([shared])  # still held by the other fork(s): never freed here
+        table.blocks[-1] = fresh
+        self._block_copies.append((shared.block_id, fresh.block_id))
+        self.num_block_copies += 1
 
     def _cache_full_blocks(self, table: BlockTable) -> None:
         """Offer each newly full block whose tokens are known to the hash table.
@@ -169,10 +235,16 @@ class BlockManager:
             "num_held_blocks": self.num_held_blocks,
             "usage": self.usage,
             "num_cached_blocks": self.pool.num_cached_blocks,
+            "num_cached_free_blocks": self.pool.num_cached_free_blocks,
+            "prefix_caching": self.enable_prefix_caching,
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries
+            else 0.0,
             "num_preemptions": self.num_preemptions,
             "num_evictions": self.pool.num_evictions,
+            "num_block_copies": self.num_block_copies,
+            "num_prefix_cache_resets": self.num_prefix_cache_resets,
         }
 
     def check_integrity(self) -> None:
@@ -186,6 +258,14 @@ class BlockManager:
                 f"request {request_id!r} has {len(ids)} blocks for {table.num_tokens} tokens")
             assert table.num_hashed_blocks <= min(table.num_tokens // self.block_size, len(table.block_hashes)), (
                 f"request {request_id!r} hashed {table.num_hashed_blocks} blocks beyond its full, known ones")
+            for block, block_hash in zip(table.blocks[:table.num_hashed_blocks], table.block_hashes, strict=False):
+                assert block.block_hash in (None, block_hash), (
+                    f"request {request_id!r} lists block {block.block_id} under another prefix's hash")
+            if table.num_tokens % self.block_size:
+                last = table.blocks[-1]
+                assert last.block_hash is None, f"partial block {last.block_id} of {request_id!r} is hashed"
+                assert last.ref_cnt == 1 or table.is_fresh_fork, (
+                    f"partial block {last.block_id} of {request_id!r} is shared outside a fresh fork")
             references.update(ids)
         for block in self.pool.blocks:
             assert block.ref_cnt == references[block.block_id], (

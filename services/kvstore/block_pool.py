@@ -9,7 +9,8 @@ LRU list of cached blocks nobody references.
 Invariants (check_integrity):
 - every block is free xor held: ref_cnt == 0 exactly when it is in the free queue;
 - the hash table maps h -> block exactly when block.block_hash == h (both directions);
-- the free queue is well linked and holds each block at most once.
+- the free queue is well linked and holds each block at most once;
+- num_cached_free_blocks counts the free blocks that carry a hash (evictable cache).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class BlockPool:
         self.free_queue = FreeQueue(self.blocks)
         self.cached_blocks: dict[bytes, KVBlock] = {}  # block_hash -> the full block holding it
         self.num_evictions = 0  # cached free blocks reused for something else
+        self.num_cached_free_blocks = 0  # free blocks still findable by their hash
 
     @property
     def num_free_blocks(self) -> int:
@@ -51,6 +53,7 @@ class BlockPool:
         for _ in range(num_new_blocks):
             block = self.free_queue.popleft()
             if block.block_hash is not None:
+                self.num_cached_free_blocks -= 1
                 self._evict(block)
             block.ref_cnt = 1
             new_blocks.append(block)
@@ -61,6 +64,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
+                self.num_cached_free_blocks -= block.block_hash is not None
             block.ref_cnt += 1
 
     def release(self, blocks: Iterable[KVBlock]) -> None:
@@ -75,6 +79,7 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
+                self.num_cached_free_blocks += block.block_hash is not None
 
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached_blocks.get(block_hash)
@@ -89,6 +94,17 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
         return True
+
+    def reset_cache(self) -> int:
+        """Forget every cached prefix (held blocks keep their contents but are no longer
+        findable); returns how many hashes were dropped. Safe while requests run: nobody
+        reads a block through the hash table after admission."""
+        num_dropped = len(self.cached_blocks)
+        for block in self.cached_blocks.values():
+            block.block_hash = None
+        self.cached_blocks.clear()
+        self.num_cached_free_blocks = 0
+        return num_dropped
 
     def _evict(self, block: KVBlock) -> None:
         del self.cached_blocks[block.block_hash]
@@ -113,6 +129,9 @@ class BlockPool:
             assert block.block_hash == block_hash, (
                 f"hash table entry {block_hash.hex()[:8]} points to block {block.block_id} "
                 f"whose block_hash is {block.block_hash!r}")
+        num_cached_free = sum(block.ref_cnt == 0 and block.block_hash is not None for block in self.blocks)
+        assert num_cached_free == self.num_cached_free_blocks, (
+            f"{num_cached_free} free blocks carry a hash but num_cached_free_blocks={self.num_cached_free_blocks}")
         num_ref0 = sum(block.ref_cnt == 0 for block in self.blocks)
         assert num_ref0 == len(self.free_queue), (
             f"{num_ref0} blocks have ref_cnt 0 but the free queue holds {len(self.free_queue)}")

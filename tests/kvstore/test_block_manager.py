@@ -84,8 +84,9 @@ def test_stats_count_the_pool():
     manager.allocate_slots("b", 1)
     assert manager.stats() == {
         "num_blocks": 4, "num_free_blocks": 3, "num_held_blocks": 1, "usage": 0.25,
-        "num_cached_blocks": 0, "prefix_cache_queries": 0, "prefix_cache_hits": 0,
-        "num_preemptions": 1, "num_evictions": 0,
+        "num_cached_blocks": 0, "num_cached_free_blocks": 0, "prefix_caching": False,
+        "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_rate": 0.0,
+        "num_preemptions": 1, "num_evictions": 0, "num_block_copies": 0, "num_prefix_cache_resets": 0,
     }
 
 

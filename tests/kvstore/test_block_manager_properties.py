@@ -1,13 +1,18 @@
-"""Random interleavings of steps, frees and aborts against a model of what a worker writes.
+"""Random interleavings of steps, forks, frees, aborts and cache resets against a model of
+what a worker writes.
 
 The model plays scheduler and worker: it offers running and waiting requests in random
-order, then "writes" each granted token into a shadow of the pool (block id -> token per
-slot). Checked after every rule: the pool's own integrity; every block a request holds for
-its computed positions still holds that request's tokens (nobody else wrote into it: a
-shared block is full, a partial one is never shared); every prefix-cache hit reads exactly
-the admitted request's tokens; the reply obeys the step's rules (results in order, only a
-tail of the running candidates preempted, admission stops at the first refusal or
-preemption). At the end, after freeing everything, every block is free again.
+order (running ones with or without the tokens their step computes), forks running
+requests into children, then applies the reply's copy-on-write pairs and "writes" each
+granted token into a shadow of the pool (block id -> token per slot). Checked after every
+rule: the pool's own integrity; every block a request holds for its computed positions
+still holds that request's tokens (nobody else wrote into it: a shared block is full, a
+shared partial one is copied before a fork writes it); every prefix-cache hit reads
+exactly the admitted request's tokens; the hash table maps each hash only to a block
+whose shadow holds the tokens of that hash; the reply obeys the step's rules (results in
+order, only a tail of the running candidates preempted, admission stops at the first
+refusal or preemption, a fork's first grant lists its whole table). At the end, after
+freeing everything, every block is free again.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from services.kvstore.block_hash import hash_full_blocks
 from services.kvstore.block_manager import BlockManager
 from services.kvstore.block_table import num_blocks_for
-from shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocCandidate, AllocRequest
+from shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocCandidate, AllocRequest, Fork
 
 # few distinct tokens and a shared stem, so prompts often share prefixes
 token_lists = st.lists(st.integers(0, 2), min_size=1, max_size=20)
@@ -45,6 +51,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.finished: list[str] = []  # freed by the next step, they hold blocks until then
         self.holding: dict[str, ModelRequest] = {}  # finished, not yet freed
         self.shadow: dict[int, list[int | None]] = {}
+        self.hash_tokens: dict[bytes, list[int]] = {}  # every hash a known prefix gives -> its last block
+        self.fresh_forks: set[str] = set()  # forked, not granted yet
         self.prompts: list[list[int]] = []
         self.next_id = 0
         self.step_id = 0
@@ -61,6 +69,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self._add(earlier[: data.draw(st.integers(1, len(earlier)))] + suffix)
 
     def _add(self, token_ids):
+        self._remember_hashes(token_ids)
         self.prompts.append(token_ids)
         self.waiting[f"r{self.next_id}"] = ModelRequest(list(token_ids))
         self.next_id += 1
@@ -77,7 +86,29 @@ class BlockManagerMachine(RuleBasedStateMachine):
         chosen = data.draw(st.permutations(ids)) if ids else []
         self._run_step(data, chosen[: data.draw(st.integers(0, len(chosen)))])
 
-    def _run_step(self, data, chosen):
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), num_children=st.integers(1, 3))
+    def fork(self, data, num_children):
+        """Fork a running request into children, then run a step offering some of them."""
+        parent_id = data.draw(st.sampled_from(sorted(self.running)))
+        parent = self.running.pop(parent_id)
+        child_ids = [f"{parent_id}.{i}.{self.next_id}" for i in range(num_children)]
+        self.next_id += 1
+        for child_id in child_ids:
+            self.running[child_id] = ModelRequest(list(parent.token_ids), parent.num_computed_tokens)
+        self.fresh_forks.update(child_ids)
+        chosen = data.draw(st.permutations(list(self.running) + list(self.waiting)))
+        self._run_step(data, chosen[: data.draw(st.integers(0, len(chosen)))], [Fork(parent_id, child_ids)])
+
+    @rule()
+    def reset_prefix_cache(self):
+        self.manager.reset_prefix_cache()
+
+    def _remember_hashes(self, token_ids):
+        for index, block_hash in enumerate(hash_full_blocks(token_ids, self.block_size)):
+            self.hash_tokens[block_hash] = token_ids[index * self.block_size:(index + 1) * self.block_size]
+
+    def _run_step(self, data, chosen, forks=()):
         candidates = []
         for request_id in chosen:
             if request_id in self.running:
@@ -85,7 +116,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 num_new = data.draw(st.integers(0, 2 * self.block_size + 1))
                 missing = max(0, request.num_computed_tokens + num_new - len(request.token_ids))
                 request.token_ids += data.draw(st.lists(st.integers(0, 2), min_size=missing, max_size=missing))
-                candidates.append(AllocCandidate(request_id, num_new, len(request.token_ids)))
+                self._remember_hashes(request.token_ids)
+                start = request.num_computed_tokens
+                told = request.token_ids[start:start + num_new] if data.draw(st.booleans()) else []
+                candidates.append(AllocCandidate(request_id, num_new, len(request.token_ids), token_ids=told))
             else:
                 request = self.waiting[request_id]
                 num_new = data.draw(st.integers(1, len(request.token_ids)))
@@ -93,10 +127,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
                                                  list(request.token_ids)))
         before = {c.request_id: self.manager.get_block_ids(c.request_id) for c in candidates}
         free_ids, self.finished = self.finished, []
-        reply = self.manager.step(AllocRequest(self.step_id, free_ids, candidates))
+        reply = self.manager.step(AllocRequest(self.step_id, free_ids, candidates, list(forks)))
         self.step_id += 1
         for request_id in free_ids:
             del self.holding[request_id]
+        copies = {dst: list(self.shadow.get(src, [None] * self.block_size)) for src, dst in reply.block_copies}
+        self.shadow.update(copies)  # the worker copies before it computes anything
         self._check_reply(reply, candidates, before)
 
     def _check_reply(self, reply, candidates, before):
@@ -108,6 +144,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         admitting = True
         for result, candidate in pairs:
             request_id = candidate.request_id
+            was_fresh = request_id in self.fresh_forks
+            if result.status != ALLOC_OK or candidate.num_new_tokens:  # a fork stays fresh until it writes
+                self.fresh_forks.discard(request_id)
             if result.status == ALLOC_PREEMPTED:
                 assert not candidate.is_waiting and not self.manager.has_request(request_id)
                 admitting = False
@@ -132,7 +171,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
             else:
                 assert result.status == ALLOC_OK
                 request = self.running[request_id]
-                assert self.manager.get_block_ids(request_id) == before[request_id] + result.new_block_ids
+                if was_fresh:  # the worker never saw it: the whole table
+                    assert self.manager.get_block_ids(request_id) == result.new_block_ids
+                else:
+                    assert self.manager.get_block_ids(request_id) == before[request_id] + result.new_block_ids
                 self._write(request_id, request, candidate.num_new_tokens)
 
     def _write(self, request_id, request, num_new):
@@ -156,6 +198,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data):
         request_id = data.draw(st.sampled_from(sorted(self.running)))
+        self.fresh_forks.discard(request_id)
         self.holding[request_id] = self.running.pop(request_id)
         self.finished.append(request_id)
 
@@ -166,6 +209,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.manager.free(request_id)
         self.running.pop(request_id, None)
         self.waiting.pop(request_id, None)
+        self.fresh_forks.discard(request_id)
 
     @invariant()
     def pool_is_consistent(self):
@@ -178,6 +222,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for request_id in self.waiting:
             assert not self.manager.has_request(request_id)
         assert self.manager.num_held_blocks == len(held)
+        for block_hash, block in self.manager.pool.cached_blocks.items():
+            assert self.shadow.get(block.block_id) == self.hash_tokens[block_hash], (
+                f"the hash table maps a prefix to block {block.block_id}, which holds other tokens")
 
     def teardown(self):
         if not hasattr(self, "manager"):

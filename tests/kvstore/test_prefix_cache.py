@@ -3,8 +3,9 @@
 import hashlib
 import struct
 
-from services.kvstore.block_hash import ROOT_HASH, hash_block, hash_full_blocks
-from shared.messages import ALLOC_OK
+from services.kvstore.block_hash import ROOT_HASH, hash_block, hash_full_blocks, root_hash
+from services.kvstore.block_manager import BlockManager
+from shared.messages import ALLOC_OK, ALLOC_PREEMPTED
 from tests.kvstore.factories import make_manager, prompt, running, statuses, step, waiting
 
 
@@ -119,15 +120,86 @@ def test_a_block_is_hashed_once_the_step_that_fills_it_is_allocated():
     assert manager.stats()["num_cached_blocks"] == 3
 
 
-def test_tokens_generated_after_admission_are_not_hashed_until_a_resume():
+def decode(request_id: str, token_id: int):
+    candidate = running(request_id, 1)
+    candidate.token_ids = [token_id]
+    return candidate
+
+
+def test_a_block_of_generated_tokens_is_hashed_as_soon_as_it_fills():
+    manager = make_manager(num_blocks=8, block_size=4, prefix=True)
+    step(manager, waiting("a", 3, token_ids=[1, 1, 1]))  # [0]
+    step(manager, decode("a", 4))  # the decode's token (position 3) fills block 0
+    assert manager.stats()["num_cached_blocks"] == 1
+    reply = step(manager, waiting("b", 5, token_ids=[1, 1, 1, 4, 5]))
+    assert statuses(reply) == [("b", ALLOC_OK, [0, 1])] and reply.results[0].num_cached_tokens == 4
+
+
+def test_tokens_the_kvstore_was_never_told_are_not_hashed_until_a_resume():
     manager = make_manager(num_blocks=8, block_size=4, prefix=True)
     step(manager, waiting("a", 3, token_ids=[1, 1, 1]))
-    step(manager, running("a", 1))  # the decode fills block 0 with a token the kvstore never saw
+    step(manager, running("a", 1))  # a decode without its token: a gap, hashing stops
+    step(manager, decode("a", 5))
     assert manager.stats()["num_cached_blocks"] == 0
     step(manager, free=("a",))
     reply = step(manager, waiting("a", 5, token_ids=[1, 1, 1, 4, 5]))  # resumed with all its tokens
-    assert statuses(reply) == [("a", ALLOC_OK, [1, 2])]
+    assert statuses(reply) == [("a", ALLOC_OK, [2, 3])]  # [0, 1] went to the queue's end
     assert manager.stats()["num_cached_blocks"] == 1
+
+
+def test_a_preempted_request_keeps_its_full_blocks_cached_and_resumes_on_a_hit():
+    manager = make_manager(num_blocks=4, block_size=4, prefix=True)
+    step(manager, waiting("a", 6, token_ids=prompt(1, extra=2)))  # [0, 1]
+    step(manager, waiting("b", 4, token_ids=prompt(2)))  # [2]
+    step(manager, decode("a", 7))
+    step(manager, decode("a", 8))  # a's block 1 = [900, 901, 7, 8] is full and hashed
+    reply = step(manager, decode("b", 9), running("a", 5))  # a wants 2 more blocks: only 1 free
+    assert statuses(reply) == [("b", ALLOC_OK, [3]), ("a", ALLOC_PREEMPTED, [])]
+    assert manager.pool.free_queue.block_ids() == [1, 0]  # freed tail first, still cached
+    resumed = step(manager, waiting("a", 9, token_ids=prompt(1, extra=2) + [7, 8, 6]), free=("b",))
+    assert statuses(resumed) == [("a", ALLOC_OK, [0, 1, 3])]
+    assert resumed.results[0].num_cached_tokens == 8  # all but the token after the preemption
+
+
+def test_cached_free_blocks_are_evicted_before_anyone_is_preempted():
+    manager = make_manager(num_blocks=4, block_size=4, prefix=True)
+    step(manager, waiting("old", 8, token_ids=prompt(5, 6)))  # [0, 1]
+    step(manager, free=("old",))  # both cached and free: queue 2, 3, 1, 0
+    step(manager, waiting("a", 4, token_ids=prompt(1)))  # [2]
+    assert manager.stats()["num_cached_free_blocks"] == 2
+    reply = step(manager, running("a", 12))  # 3 more blocks: the free one and both cached ones
+    assert statuses(reply) == [("a", ALLOC_OK, [3, 1, 0])]
+    assert (manager.num_preemptions, manager.stats()["num_evictions"]) == (0, 2)
+    assert manager.stats()["num_cached_free_blocks"] == 0
+
+
+def test_the_model_and_the_cache_salt_key_the_hash():
+    assert root_hash(()) == ROOT_HASH and root_hash(("", "")) == ROOT_HASH
+    assert len({root_hash(("ab", "c")), root_hash(("a", "bc")), root_hash(("ab",))}) == 3
+    manager = BlockManager(8, 4, enable_prefix_caching=True, watermark=0.0, hash_keys=("smollm2",))
+    tokens = prompt(1, 2, extra=1)
+    step(manager, waiting("a", 9, token_ids=tokens))  # [0, 1, 2]
+    salted = waiting("b", 9, token_ids=tokens)
+    salted.cache_salt = "tenant-b"
+    assert statuses(step(manager, salted)) == [("b", ALLOC_OK, [3, 4, 5])]  # a miss: another salt
+    expected = hash_full_blocks(tokens, 4, root_hash(("smollm2",)))
+    assert manager.pool.blocks[0].block_hash == expected[0] != hash_full_blocks(tokens, 4)[0]
+    again = step(manager, waiting("c", 9, token_ids=tokens))
+    assert statuses(again) == [("c", ALLOC_OK, [0, 1, 6])]
+
+
+def test_a_reset_forgets_every_cached_prefix():
+    manager = make_manager(num_blocks=8, block_size=4, prefix=True)
+    tokens = prompt(1, 2, extra=1)
+    step(manager, waiting("a", 9, token_ids=tokens))  # [0, 1, 2]; "1" and "2" cached
+    step(manager, waiting("b", 4, token_ids=prompt(3)))  # [3]
+    step(manager, free=("b",))
+    assert manager.reset_prefix_cache() == 3
+    manager.check_integrity()
+    stats = manager.stats()
+    assert (stats["num_cached_blocks"], stats["num_cached_free_blocks"], stats["num_prefix_cache_resets"]) == (0, 0, 1)
+    reply = step(manager, waiting("c", 9, token_ids=tokens))
+    assert statuses(reply) == [("c", ALLOC_OK, [4, 5, 6])] and reply.results[0].num_cached_tokens == 0
 
 
 def test_without_prefix_caching_nothing_is_hashed_or_shared():
