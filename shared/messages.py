@@ -235,6 +235,27 @@ class AbortRequest:
 
 
 @dataclass
+class SetPolicy:
+    """api -> scheduler (requests stream, in order with submissions): swap the scheduling
+    policy between two steps. The scheduler answers the asking api with a PolicyReply."""
+
+    command_id: str
+    api_id: str
+    name: str
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class PolicyReply:
+    """scheduler -> the api that sent a SetPolicy (on that api's deltas stream)."""
+
+    command_id: str
+    ok: bool
+    policy: dict = field(default_factory=dict)  # {"name", "options"} in force after the command
+    error: str = ""
+
+
+@dataclass
 class WorkerHello:
     """worker -> scheduler/kvstore when it starts: the pool it owns."""
 

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.api import openai_routes, stream_routes
+from services.api import openai_routes, policy_routes, stream_routes
+from services.api.admission import AdmissionGate, RequestLimits
 from services.api.edge import ApiState, AuthMiddleware, error_response
 from services.api.inputs import ModelInfo
 from services.api.loop import ApiLoop
@@ -37,6 +38,8 @@ class ApiConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_prompt_tokens: int | None = None  # per-request limits (400 past them); None: the context
+    max_output_tokens: int | None = None
 
     @property
     def served_name(self) -> str:
@@ -47,7 +50,8 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     """The app; its lifespan starts the Redis loop (heartbeat, delta reader) and on
     shutdown aborts everything still running here."""
     metrics = ApiMetrics()
-    loop = ApiLoop(config.redis_url, Keys(config.prefix))
+    limits = RequestLimits(config.max_prompt_tokens, config.max_output_tokens)
+    loop = ApiLoop(config.redis_url, Keys(config.prefix), admission=AdmissionGate(limits))
     state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
                      max_body_bytes=config.max_body_bytes, api_key=config.api_key)
     state.rest = RestStore()
@@ -68,6 +72,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     app.add_middleware(AuthMiddleware, api_key=config.api_key)
     app.include_router(openai_routes.router)
     app.include_router(stream_routes.router)
+    app.include_router(policy_routes.router)
     _add_error_handlers(app, metrics)
 
     @app.get("/health")

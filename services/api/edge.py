@@ -3,6 +3,7 @@ errors, bearer-token auth, and watching for a client that went away."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import time
@@ -34,9 +35,22 @@ class ApiState:
     started: int = field(default_factory=lambda: int(time.time()))
     rest: object = None  # services.api.rest_store.RestStore, set by the app factory
 
-    def generation(self, prepared: Prepared) -> Generation:
+    def generation(self, prepared: Prepared, conn: Request | None = None) -> Generation:
+        """A Generation for a prepared body; `conn` (the HTTP request or WebSocket) gives
+        the tenant when the body names none."""
+        if prepared.tenant is None and conn is not None:
+            prepared.tenant = tenant_of(conn.headers)
         prefix = "chatcmpl" if prepared.kind == "chat" else "cmpl"
         return Generation(self.loop, self.tokenizer, prepared, self.metrics, f"{prefix}-{uuid.uuid4().hex}")
+
+
+def tenant_of(headers) -> str | None:
+    """The tenant a request's API key stands for: a digest, never the key itself (it ends
+    up in logs and stats). The body's `user` field, when given, wins (inputs.prepare)."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:12]
 
 
 def state_of(request) -> ApiState:
@@ -46,7 +60,7 @@ def state_of(request) -> ApiState:
 def error_response(error: ApiError, metrics: ApiMetrics | None = None) -> JSONResponse:
     if metrics is not None:
         metrics.rejected.labels(status=str(error.status)).inc()
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

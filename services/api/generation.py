@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from services.api.admission import check_limits
 from services.api.detokenizer import Detokenizer
 from services.api.inputs import Prepared
 from services.api.loop import ApiLoop, RedisUnavailable
@@ -77,8 +78,14 @@ class Generation:
         return usage
 
     async def start(self) -> None:
-        """Submit; ApiError(503) when Redis cannot take it (nothing was submitted then)."""
+        """Submit; nothing is submitted when it raises: ApiError(400) past a per-request
+        limit, ApiError(429) when the waiting queue is closed to this tenant, ApiError(503)
+        when Redis cannot take it."""
         p = self.prepared
+        admission = self.loop.admission
+        check_limits(admission.limits, len(p.prompt_token_ids), p.sampling.max_tokens,
+                     "messages" if p.kind == "chat" else "prompt")
+        admission.check(p.tenant)
         msg = SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
                             prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
                             priority=p.priority, tenant=p.tenant)

@@ -6,6 +6,11 @@ request leaves the in-flight table when a delta finishes it or when it is aborte
 Tokens delivered so far are kept per request, so when the scheduler's heartbeat value (its
 incarnation) changes, every in-flight request is resubmitted with `output_token_ids` and
 the new scheduler continues from there.
+
+Admission: every admission.REFRESH_S the scheduler's stats blob is read into the
+AdmissionGate, which Generation.start consults before submitting. Policy commands
+(SetPolicy) go out on the requests stream; the scheduler's PolicyReply comes back on this
+api's deltas stream and resolves the waiting command.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from dataclasses import dataclass, field, replace
 
 import redis.asyncio as aioredis
 
+from services.api.admission import REFRESH_S, AdmissionGate
 from shared import redis_io
-from shared.messages import AbortRequest, DeltaBatch, RequestDelta, SubmitRequest
+from shared.messages import AbortRequest, DeltaBatch, PolicyReply, RequestDelta, SetPolicy, SubmitRequest
 from shared.redis_io import REDIS_ERRORS, Backoff, Heartbeat
 from shared.streams import HEARTBEAT_INTERVAL_S, Keys
 
@@ -41,8 +47,11 @@ class _InFlight:
 
 
 class ApiLoop:
-    def __init__(self, redis_url: str, keys: Keys, api_id: str | None = None, submit_timeout_s: float = 5.0):
+    def __init__(self, redis_url: str, keys: Keys, api_id: str | None = None, submit_timeout_s: float = 5.0,
+                 admission: AdmissionGate | None = None):
         self.keys = keys
+        self.admission = admission or AdmissionGate()
+        self._commands: dict[str, asyncio.Future] = {}  # SetPolicy command_id -> its PolicyReply
         self.api_id = api_id or uuid.uuid4().hex[:12]
         self.submit_timeout_s = submit_timeout_s
         self.redis = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=3,
@@ -77,7 +86,7 @@ class ApiLoop:
                 log.warning("redis unavailable at start (%s); retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
         log.info("api %s connected: deltas on %s", self.api_id, self.deltas_stream)
-        await asyncio.gather(self._read_deltas(), self._watch_scheduler())
+        await asyncio.gather(self._read_deltas(), self._watch_scheduler(), self._refresh_admission())
 
     async def stop(self) -> None:
         """Abort every in-flight request, stop the tasks, remove this api's keys."""
@@ -133,6 +142,17 @@ class ApiLoop:
         if entry is not None:
             entry.queue.put_nowait(RequestDelta(request_id, [], finish_reason=reason))
 
+    async def set_policy(self, name: str, options: dict, timeout_s: float = 10.0) -> PolicyReply:
+        """Ask the scheduler to swap its policy; its reply, or TimeoutError / RedisUnavailable."""
+        msg = SetPolicy(uuid.uuid4().hex, self.api_id, name, options)
+        future = asyncio.get_running_loop().create_future()
+        self._commands[msg.command_id] = future
+        try:
+            await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg), "set policy", 5.0)
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._commands.pop(msg.command_id, None)
+
     # ---- stats and readiness ---------------------------------------------------------
 
     async def read_stats(self) -> dict[str, dict]:
@@ -168,7 +188,8 @@ class ApiLoop:
         while True:
             try:
                 entries = await redis_io.read_group(self.redis, GROUP, self.api_id,
-                                                    {self.deltas_stream: (DeltaBatch,)}, block_ms=1000, count=64)
+                                                    {self.deltas_stream: (DeltaBatch, PolicyReply)}, block_ms=1000,
+                                                    count=64)
                 backoff.reset()
             except _TRANSIENT as e:
                 delay = backoff.next()
@@ -178,6 +199,10 @@ class ApiLoop:
             for entry in entries:
                 if entry.error is not None:
                     log.error("dropped a bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
+                elif isinstance(entry.message, PolicyReply):
+                    future = self._commands.get(entry.message.command_id)
+                    if future is not None and not future.done():
+                        future.set_result(entry.message)
                 else:
                     self._dispatch(entry.message)
 
@@ -190,6 +215,18 @@ class ApiLoop:
             if delta.finish_reason is not None:
                 self._in_flight.pop(delta.request_id, None)
             entry.queue.put_nowait(delta)
+
+    async def _refresh_admission(self) -> None:
+        while True:
+            try:
+                blob = await redis_io.read_stats(self.redis, self.keys, "scheduler")
+                if isinstance(blob, dict):
+                    self.admission.update(blob)
+            except _TRANSIENT as e:
+                log.warning("admission table unavailable: %s", e)
+            except Exception as e:  # not msgpack: a bug elsewhere; keep the last table
+                log.warning("scheduler stats blob unreadable: %s", e)
+            await asyncio.sleep(REFRESH_S)
 
     async def _watch_scheduler(self) -> None:
         while True:

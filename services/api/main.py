@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=env("PAGEDSERVE_PREFIX", "pagedserve"), help="Redis key prefix")
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (413 above)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="per-request limit: longer prompts get 400 naming it (default: the context)")
+    parser.add_argument("--max-output-tokens", type=int, default=None,
+                        help="per-request limit: a larger max_tokens gets 400 naming it (default: the context)")
     parser.add_argument("--log-level", default=env("PAGEDSERVE_LOG_LEVEL", "info").lower(), type=str.lower,
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn)")
@@ -49,6 +53,9 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
         raise ConfigError(f"--max-body-bytes={args.max_body_bytes}: must be at least 1024")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ConfigError(f"--max-model-len={args.max_model_len}: must be at least 2")
+    for name in ("max_prompt_tokens", "max_output_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
     if not args.redis_url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"--redis-url={args.redis_url!r}: expected redis://, rediss:// or unix://")
     if not args.prefix or any(c.isspace() for c in args.prefix):
@@ -61,7 +68,8 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
         raise ConfigError(f"--model={args.model!r}: {e}") from None
     return ApiConfig(model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url,
                      prefix=args.prefix, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                     max_model_len=args.max_model_len)
+                     max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
+                     max_output_tokens=args.max_output_tokens)
 
 
 def load_model_info(config: ApiConfig, tokenizer) -> ModelInfo:

@@ -46,7 +46,7 @@ async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
     body = parse_body(await read_body(request, state.max_body_bytes), cls)
     prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
-    gen = state.generation(prepared)
+    gen = state.generation(prepared, request)
     await gen.start()
     if prepared.stream:
         return GenerationStream(gen, _sse_events(gen, request))

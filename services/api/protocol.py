@@ -19,8 +19,9 @@ class ApiError(Exception):
     """A client error: becomes {"error": {...}} with its HTTP status; changes nothing."""
 
     def __init__(self, status: int, message: str, code: str = "invalid_request",
-                 param: str | None = None, type: str = "invalid_request_error"):
+                 param: str | None = None, type: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
+        self.headers = headers or {}  # e.g. Retry-After on a 429
         self.status = status
         self.message = message
         self.code = code

@@ -57,7 +57,7 @@ async def submit(request: Request) -> JSONResponse:
     state = state_of(request)
     body = parse_body(await read_body(request, state.max_body_bytes))
     prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
-    gen = state.generation(prepared)
+    gen = state.generation(prepared, request)
     await gen.start()
     state.rest.add(gen)
     return JSONResponse({"request_id": gen.request_id}, status_code=202)
@@ -132,7 +132,7 @@ async def stream(websocket: WebSocket) -> None:
             raise ApiError(413, f"request message is over the limit of {state.max_body_bytes} bytes",
                            code="body_too_large")
         prepared = await asyncio.to_thread(prepare, parse_body(raw), state.tokenizer, state.info)
-        gen = state.generation(prepared)
+        gen = state.generation(prepared, websocket)
         await gen.start()
     except ApiError as e:
         state.metrics.rejected.labels(status=str(e.status)).inc()

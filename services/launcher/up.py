@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=os.environ.get("PAGEDSERVE_LOG_LEVEL") or "info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /ready (default 180)")
+    parser.add_argument("--policy", default="fcfs", help="scheduling policy (`pagedserve policies`; default fcfs)")
+    parser.add_argument("--policy-options", default="{}", help="the policy's options as a JSON object")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="most requests running at once")
+    for name, what in (("--max-waiting-requests", "waiting requests"), ("--max-waiting-tokens", "waiting tokens")):
+        parser.add_argument(name, type=int, default=None, help=f"admission: past this many {what}, 429")
+    for name, what in (("--max-prompt-tokens", "prompt tokens"), ("--max-output-tokens", "max_tokens")):
+        parser.add_argument(name, type=int, default=None, help=f"per-request limit on {what} (400 past it)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -62,6 +69,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.ready_timeout <= 0:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
+    for option in ("max_num_seqs", "max_waiting_requests", "max_waiting_tokens", "max_prompt_tokens",
+                   "max_output_tokens"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
+    from services.scheduler.main import load_policy
+
+    load_policy(args.policy, args.policy_options)  # not installed, or bad options: fail before starting
     from shared.model_source import resolve_model
 
     try:
@@ -80,11 +94,16 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     if args.device:
         worker += ["--device", args.device]
     api = ["--model", args.model, "--host", args.host, "--port", str(args.port)]
+    scheduler = ["--policy", args.policy, "--policy-options", args.policy_options]
+    for option, extra in (("max_num_seqs", scheduler), ("max_waiting_requests", scheduler),
+                          ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api)):
+        if getattr(args, option, None) is not None:
+            extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
 
     def cmd(module: str, extra: list[str]) -> list[str]:
         return [sys.executable, "-m", f"services.{module}.main", *common, *extra]
 
-    return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", [])),
+    return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", scheduler)),
             ("worker", cmd("gpu_worker", worker)), ("api", cmd("api", api))]
 
 

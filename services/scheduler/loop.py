@@ -16,6 +16,11 @@ abandoned, every running request goes back to waiting (recompute from prompt + t
 far), and the next AllocRequest and StepPlan carry reset=True. An api whose heartbeat
 expired has its requests aborted. A request the worker fails in MAX_STRIKES consecutive
 failed steps is aborted, so one poisonous request cannot stall the rest for ever.
+
+Policy swaps (SetPolicy) arrive on the requests stream and are applied with the inbox,
+between steps, in order with the submissions around them; the asking api gets a
+PolicyReply. The stats blob carries the policy in force and its admission table
+(services.scheduler.admission), which the apis enforce.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import uuid
 from collections import Counter
 
 from services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
+from services.scheduler.policies.registry import PolicyError, load_policy
 from services.scheduler.scheduler import Scheduler
 from shared import redis_io
 from shared.messages import (
     AbortRequest,
     AllocReply,
     DeltaBatch,
+    PolicyReply,
+    SetPolicy,
     StepPlan,
     StepResult,
     SubmitRequest,
@@ -56,7 +64,8 @@ class SchedulerLoop:
         self.incarnation = uuid.uuid4().hex
         self.stop = asyncio.Event()
         self.routes = ApiRoutes()
-        self.inbox: list[SubmitRequest | AbortRequest] = []
+        self.inbox: list[SubmitRequest | AbortRequest | SetPolicy] = []
+        self.policy_replies: list[tuple[str, PolicyReply]] = []  # (api_id, reply) to send
         self.hello: WorkerHello | None = None
         self.hello_id = (0, 0)
         self.worker_inc: str | None = None  # None: no live worker accepted
@@ -169,7 +178,7 @@ class SchedulerLoop:
         streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_reply: (AllocReply,),
                    self.keys.worker_results: (StepResult,)}
         if self.hello is not None:
-            streams[self.keys.requests] = (SubmitRequest, AbortRequest)
+            streams[self.keys.requests] = (SubmitRequest, AbortRequest, SetPolicy)
         block_ms = None if block_s is None else max(1, int(block_s * 1000))
         for entry in await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms):
             if entry.error is not None:
@@ -234,8 +243,25 @@ class SchedulerLoop:
         for message in inbox:
             if isinstance(message, AbortRequest):
                 self.sched.abort_request(message.request_id)  # unknown/finished: a no-op
+            elif isinstance(message, SetPolicy):
+                self._set_policy(message)
             else:
                 self._submit(message)
+        self.stats_dirty = self.stats_dirty or bool(inbox)  # the admission table changed
+
+    def _set_policy(self, command: SetPolicy) -> None:
+        """Between steps (the inbox is applied only there): running requests keep running,
+        nothing is dropped; the next step is ordered by the new policy."""
+        try:
+            policy = load_policy(command.name, command.options if isinstance(command.options, dict) else None)
+        except PolicyError as e:
+            log.warning("policy change to %r refused: %s", command.name, e)
+            reply = PolicyReply(command.command_id, False, self.sched.policy.describe(), str(e))
+        else:
+            log.info("policy changed: %s -> %s", self.sched.policy.describe(), policy.describe())
+            self.sched.set_policy(policy)
+            reply = PolicyReply(command.command_id, True, policy.describe())
+        self.policy_replies.append((command.api_id, reply))
 
     def _submit(self, sub: SubmitRequest) -> None:
         if self.routes.is_known(sub.request_id):
@@ -255,6 +281,9 @@ class SchedulerLoop:
         self.routes.add(sub.request_id, sub.api_id)
 
     async def _flush_outbox(self) -> None:
+        replies, self.policy_replies = self.policy_replies, []
+        for api_id, reply in replies:
+            await redis_io.send(self.r, self.keys.api_deltas(api_id), reply)
         for api_id, deltas in self.routes.take().items():
             await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
 
@@ -288,6 +317,7 @@ class SchedulerLoop:
             "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
             "num_preemptions_total": s.num_preemptions_total, "prompt_tokens_total": s.num_prompt_tokens_total,
             "generation_tokens_total": s.num_generation_tokens_total, "num_finished_total": s.num_finished_total,
-            "step_id": self.step_id, "incarnation": self.incarnation})
+            "step_id": self.step_id, "incarnation": self.incarnation, "policy": self.sched.policy.describe(),
+            "admission": self.sched.admission_table()})
         self.last_stats, self.stats_dirty = time.monotonic(), busy
 

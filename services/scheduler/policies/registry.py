@@ -51,5 +51,5 @@ def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
         return cls(**options)
     except PolicyError:
         raise
-    except TypeError as e:
+    except Exception as e:  # a plugin's own error: the command fails, never the scheduler
         raise PolicyError(f"policy {name!r} refused options {options}: {e}") from e

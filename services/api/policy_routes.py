@@ -1,0 +1,63 @@
+"""The scheduling policy at run time: GET /admin/policy (what is in force, from the
+scheduler's stats) and POST /admin/policy {"name": ..., "options": {...}} (swap it).
+
+The swap travels to the scheduler over Redis (SetPolicy) and takes effect between two
+steps: running requests keep running and keep their blocks; waiting ones are ordered by
+the new policy from the next step on. The answer comes back from the scheduler: 200 with
+the policy now in force, 400 when it refuses (not installed, a bad option), 504 when no
+scheduler answers. /admin routes need the API key when one is set (edge.AuthMiddleware).
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+
+from services.api.edge import read_body, state_of
+from services.api.loop import RedisUnavailable
+from services.api.protocol import ApiError
+
+router = APIRouter()
+MAX_BODY_BYTES = 16 << 10
+
+
+@router.get("/admin/policy")
+async def get_policy(request: Request) -> dict:
+    stats = await state_of(request).loop.read_stats()
+    policy = stats.get("scheduler", {}).get("policy")
+    if not isinstance(policy, dict):
+        raise ApiError(503, "no scheduler has reported its policy yet", code="unavailable",
+                       type="service_unavailable")
+    return {"policy": policy}
+
+
+@router.post("/admin/policy")
+async def set_policy(request: Request) -> dict:
+    name, options = _parse(await read_body(request, MAX_BODY_BYTES))
+    try:
+        reply = await state_of(request).loop.set_policy(name, options)
+    except TimeoutError:
+        raise ApiError(504, "the scheduler did not answer the policy change", code="scheduler_timeout",
+                       type="service_unavailable") from None
+    except RedisUnavailable as e:
+        raise ApiError(503, str(e), code="unavailable", type="service_unavailable") from None
+    if not reply.ok:
+        raise ApiError(400, f"policy change refused: {reply.error}", code="invalid_policy", param="name")
+    return {"policy": reply.policy}
+
+
+def _parse(raw: bytes) -> tuple[str, dict]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    name, options = body.get("name"), body.get("options", {})
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "'name' must be the name of an installed policy (see `pagedserve policies`)",
+                       param="name")
+    if not isinstance(options, dict):
+        raise ApiError(400, "'options' must be a JSON object", param="options")
+    return name, options
