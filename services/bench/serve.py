@@ -37,10 +37,11 @@ from services.bench.workloads import BenchRequest, load_workload
 
 _METRIC = re.compile(r"^(pagedserve:[a-z_]+)\s+([0-9.eE+-]+|NaN)$", re.M)
 SCRAPE_EVERY_S = 0.25
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    parser.add_argument("--url", default=None, help="the server's base URL (default http://127.0.0.1:8000)")
     parser.add_argument("--launch", action="store_true", help="start `pagedserve up` for the run, stop it after")
     parser.add_argument("--up-arg", action="append", default=[], metavar="ARG",
                         help="with --launch: one more argument for `pagedserve up` (repeatable)")
@@ -170,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             stack.stop()
     else:
-        results = [measure(args.url.rstrip("/"), requests, args, f"server@{args.url}")]
+        url = (args.url or DEFAULT_URL).rstrip("/")
+        results = [measure(url, requests, args, f"server@{url}")]
     if args.baseline == "inprocess":
         from services.bench.throughput import run_engine
 

@@ -1,6 +1,7 @@
 """Micro-benchmark: the price of paging on the CPU.
 
-    python -m services.gpu_worker.attention.bench_attention [--threads N] [--repeat N]
+    pagedserve bench attention [--threads N] [--repeat N]
+    (or python -m services.gpu_worker.attention.bench_attention ...)
 
 For the real model's attention shape (9 query heads, 3 KV heads, head_dim 64, block_size 16)
 it times one layer's TorchPagedBackend.attend over a pool with randomly permuted blocks against
@@ -119,11 +120,11 @@ def run_case(query_lens, seq_lens, dtype, rng, repeat) -> dict[str, tuple[float,
     return dict(zip(variants, timed(list(variants.values()), repeat), strict=True))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pagedserve bench attention", description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--repeat", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     rng = random.Random(0)

@@ -1,0 +1,106 @@
+"""`pagedserve bench latency`: one request alone, the latency a single user sees.
+
+    pagedserve bench latency [--prompt-len 256] [--output-len 128] [--repeat 5]
+    pagedserve bench latency --url http://127.0.0.1:8000     (or --launch: through the stack)
+
+In-process by default: a lone prompt of --prompt-len random token ids (drawn like the
+project's workloads), greedy with ignore_eos for --output-len tokens, --repeat times (the
+prefix cache is off in-process, so every run prefills in full; a server gets a fresh prompt
+per run for the same reason). TTFT is submit -> first token, per-token time is the mean gap
+between later tokens. Reported as min and median over the runs: on a shared machine the min
+is the better estimate of the uncontended cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import statistics
+import time
+
+from services.bench.report import print_table
+from services.bench.workloads import BenchRequest
+
+VOCAB_LO, VOCAB_HI = 100, 49152 - 100  # as ../shared/bench/workload.py
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=5)
+
+
+def lone_requests(args: argparse.Namespace) -> list[BenchRequest]:
+    rng = random.Random(args.seed)
+    return [BenchRequest([rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(args.prompt_len)], args.output_len)
+            for _ in range(args.repeat)]
+
+
+def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
+    from services.engine import Engine
+    from shared.config import EngineConfig
+    from shared.messages import SamplingParams
+
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory))
+    engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
+    runs = []
+    for r in requests:
+        started = time.perf_counter()
+        engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+        times = []
+        while engine.has_unfinished_requests():
+            if any(d.new_token_ids for d in engine.step()):
+                times.append(time.perf_counter())
+        runs.append((times[0] - started, (times[-1] - times[0]) / max(1, len(times) - 1)))
+    return runs
+
+
+def _over_http(base_url: str, requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
+    from services.bench.serve_client import run_load
+
+    asyncio.run(run_load(base_url, args.served_model, [BenchRequest(requests[0].prompt_token_ids[:8], 2)],
+                         math.inf, None, args.api_key))
+    runs = []
+    for r in requests:  # one at a time: a lone user
+        (record,), _wall = asyncio.run(run_load(base_url, args.served_model, [r], math.inf, 1, args.api_key))
+        if not record.ok:
+            raise RuntimeError(f"request failed: {record.error}")
+        runs.append((record.ttft_s, record.tpot_s or math.nan))
+    return runs
+
+
+def _summary(system: str, runs: list[tuple[float, float]]) -> dict:
+    ttft = [t for t, _ in runs]
+    per_token = [p for _, p in runs]
+    return {"system": system, "runs": len(runs), "ttft_min_ms": min(ttft) * 1e3,
+            "ttft_median_ms": statistics.median(ttft) * 1e3, "per_token_min_ms": min(per_token) * 1e3,
+            "per_token_median_ms": statistics.median(per_token) * 1e3}
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.bench.serve import LaunchedStack
+
+    requests = lone_requests(args)
+    if args.launch:
+        stack = LaunchedStack(args.up_arg, args.dtype)
+        try:
+            results = [_summary("pagedserve-stack", _over_http(stack.base_url, requests, args))]
+        finally:
+            stack.stop()
+    elif args.url is not None:
+        url = args.url.rstrip("/")
+        results = [_summary(f"server@{url}", _over_http(url, requests, args))]
+    else:
+        results = [_summary("pagedserve-inprocess", _inprocess(requests, args))]
+    for r in results:
+        r["prompt_len"], r["output_len"], r["dtype"] = args.prompt_len, args.output_len, args.dtype
+    print_table(results, ["system", "runs", "ttft_min_ms", "ttft_median_ms", "per_token_min_ms",
+                          "per_token_median_ms"])
+    if args.output:
+        import json
+
+        with open(args.output, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0

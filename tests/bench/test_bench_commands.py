@@ -1,0 +1,44 @@
+"""The in-process benchmark commands run end to end on the real model (tiny sizes; no
+timing is asserted, only that they complete, count exactly and write their JSON)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _bench(*argv: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_throughput_on_a_json_workload(tmp_path):
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps([{"prompt_token_ids": [500 + i for i in range(n)], "max_tokens": m}
+                                    for n, m in [(9, 3), (30, 5), (17, 1)]]))
+    out = tmp_path / "r.json"
+    _bench("throughput", "--workload", str(workload), "--dtype", "float32", "--output", str(out))
+    (result,) = json.loads(out.read_text())
+    assert result["system"] == "pagedserve-inprocess"
+    assert (result["output_tokens"], result["prompt_tokens"], result["num_requests"]) == (9, 56, 3)
+    assert result["ttft_p50_ms"] > 0 and result["itl_p50_ms"] > 0
+
+
+def test_latency_in_process(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _bench("latency", "--prompt-len", "20", "--output-len", "4", "--repeat", "2", "--dtype", "float32",
+                  "--output", str(out))
+    (result,) = json.loads(out.read_text())
+    assert result["runs"] == 2 and result["prompt_len"] == 20
+    assert 0 < result["ttft_min_ms"] <= result["ttft_median_ms"]
+    assert 0 < result["per_token_min_ms"] <= result["per_token_median_ms"]
+    assert "per_token_median_ms" in proc.stdout
