@@ -3,6 +3,9 @@
 The same three pure objects run as separate services over Redis; here the messages are
 passed as objects. One step: scheduler.schedule() -> block_manager.step() ->
 scheduler.on_alloc() -> worker.execute() -> scheduler.on_result().
+
+A request with sampling.n > 1 is prefilled once and forked into n sequences (ids from
+shared/parallel_sampling.py); generate() returns them as the output's `choices`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from shared.config import EngineConfig
 from shared.messages import RequestDelta, SamplingParams
+from shared.parallel_sampling import child_request_ids
 
 
 @dataclass
@@ -28,6 +32,7 @@ class GenerationOutput:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     text: str | None = None
+    choices: list[GenerationOutput] = field(default_factory=list)  # n > 1: the n sequences, by index
 
 
 class Engine:
@@ -38,7 +43,8 @@ class Engine:
         self.max_model_len = self.config.max_model_len or model_config.max_position_embeddings
         self.eos_token_ids = list(model_config.eos_token_ids)
         self.block_manager = BlockManager(self.worker.num_blocks, self.config.block_size,
-                                          enable_prefix_caching=self.config.enable_prefix_caching)
+                                          enable_prefix_caching=self.config.enable_prefix_caching,
+                                          hash_keys=(self.config.model,))
         self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs=self.config.max_num_seqs,
                                    max_num_batched_tokens=self.config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
@@ -102,11 +108,19 @@ class Engine:
             order.append(request_id)
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             outputs[request_id] = GenerationOutput(request_id, ids)
+            if p.n > 1:
+                for child_id in child_request_ids(request_id, p.n):
+                    outputs[child_id] = GenerationOutput(child_id, ids)
+                    outputs[request_id].choices.append(outputs[child_id])
         while self.has_unfinished_requests():
             self.collect(self.step(), outputs)
-        if decode:
-            for out in outputs.values():
+        for out in outputs.values():
+            if decode:
                 out.text = self.tokenizer.decode(out.token_ids)
+            if out.choices:  # the parent itself never samples: it stands for choice 0 too
+                first = out.choices[0]
+                out.token_ids, out.finish_reason, out.text = first.token_ids, first.finish_reason, first.text
+                out.num_cached_tokens = max(c.num_cached_tokens for c in out.choices)
         return [outputs[r] for r in order]
 
     @staticmethod

@@ -39,7 +39,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's context length
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # as vLLM: on unless turned off for comparison
     seed: int = 0
 
     def __post_init__(self) -> None:

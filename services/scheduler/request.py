@@ -4,7 +4,11 @@ Counters, not phases. A request knows `num_tokens` (prompt + generated) and
 `num_computed_tokens` (tokens whose KV is in the pool). While
 num_computed_tokens < num_tokens - 1 it is prefilling (possibly in chunks); a decode is the
 case num_computed_tokens == num_tokens - 1. Invariant for a RUNNING request between steps:
-0 <= num_computed_tokens < num_tokens, so it always wants at least one token.
+0 <= num_computed_tokens < num_tokens_to_compute, so it always wants at least one token.
+
+A fork parent (sampling.n > 1, see services/scheduler/fork.py) computes all but its last
+prompt token and never samples; its n children then share those blocks and each computes
+the last prompt token itself, then samples with its own seed.
 
 A Request holds plain data only (no reference to the scheduler or any queue), so a finished
 request is freed by reference counting alone, without waiting for the cycle collector.
@@ -25,6 +29,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
     FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
     FINISHED_ABORTED = "finished_aborted"  # client went away / cancelled
+    FORKED = "forked"  # a fork parent whose prefill is done: its n children carry on
 
     @property
     def is_finished(self) -> bool:
@@ -51,6 +56,7 @@ class Request:
     arrival_time: float
     priority: int = 0  # read by policies (priority: higher first); FCFS ignores it
     tenant: str | None = None  # read by policies (fair); from the api key or the request
+    cache_salt: str = ""  # keys its prefix-cache hashes (the kvstore shares blocks only within one salt)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
@@ -59,6 +65,8 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     # tie-breaker for equal arrival_time, set by the scheduler when the request is added
     arrival_seq: int = field(default=0, init=False)
+    # a fork child not granted a step yet: its first plan sends the worker everything
+    is_fresh_fork: bool = field(default=False, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,6 +79,23 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_fork_parent(self) -> bool:
+        return self.sampling.n > 1
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """How far its computation goes: every known token, but a fork parent stops
+        before its last prompt token (each child computes that one)."""
+        return self.num_tokens - 1 if self.is_fork_parent else self.num_tokens
+
+    def token_ids_between(self, start: int, stop: int) -> list[int]:
+        """Tokens at positions [start, stop) of prompt + output, without building the whole list."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:stop - num_prompt]
+        return self.prompt_token_ids[start:stop] + self.output_token_ids[:max(0, stop - num_prompt)]
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -102,6 +127,7 @@ class Request:
         self.status = RequestStatus.PREEMPTED
         self.num_computed_tokens = 0
         self.num_preemptions += 1
+        self.is_fresh_fork = False
 
     def stop_status(self, max_model_len: int) -> RequestStatus | None:
         """The finished status the last sampled token puts this request in, or None.

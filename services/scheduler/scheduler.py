@@ -11,7 +11,10 @@ Drive it `while scheduler.has_requests()`: a step with no tokens still carries f
 kvstore, dropped ids to the worker and abort deltas to the api.
 
 Invariants between steps:
-- every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING);
+- every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING),
+  except the children of an n > 1 request, held in no queue until its prefill is done
+  (services/scheduler/fork.py); then they replace it in running (they may exceed
+  max_num_seqs for a while: nothing new is admitted until they are back under it);
 - a waiting request holds no blocks and has num_computed_tokens == 0;
 - a finished request is referenced by no queue; its id is queued once for the kvstore's
   free_request_ids (next schedule) and once for the worker's finished_request_ids (next
@@ -34,6 +37,7 @@ import itertools
 from collections import deque
 
 from services.scheduler.admission import admission_table, queue_stats
+from services.scheduler.fork import ForkGroups
 from services.scheduler.policy import SchedulingPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta
@@ -82,6 +86,7 @@ class Scheduler:
         self._pending: CandidateStep | None = None  # between schedule() and on_alloc()
         self._in_flight: InFlightStep | None = None  # between on_alloc() and on_result()
         self._counters = SchedulerCounters()
+        self._forks = ForkGroups()
 
     # ---- requests in and out -----------------------------------------------------------
 
@@ -92,12 +97,26 @@ class Scheduler:
             raise ValueError("only a fresh WAITING request can be added")
         if not 0 < request.num_tokens < self.max_model_len:
             raise ValueError(f"prompt of {request.num_tokens} tokens must be within [1, {self.max_model_len})")
-        if request.sampling.max_tokens < 1 or request.sampling.n != 1:
-            raise ValueError("max_tokens must be >= 1 and n == 1 (the api fans n out)")
+        if request.sampling.max_tokens < 1 or request.sampling.n < 1:
+            raise ValueError("max_tokens must be >= 1 and n must be >= 1")
+        if request.is_fork_parent and request.output_token_ids:
+            raise ValueError("n > 1 only for a fresh prompt: a resubmission is one sequence each")
         request.arrival_seq = next(self._arrival_seq)
+        children = self._forks.make_children(request) if request.is_fork_parent else []
+        if any(child.request_id in self._requests for child in children):
+            self._forks.drop(request.request_id)
+            raise ValueError(f"request {request.request_id!r}: a child id is already in use")
+        self._counters.num_prompt_tokens_total += request.num_prompt_tokens
+        if children and request.num_prompt_tokens == 1:  # nothing to share: n plain requests
+            self._forks.drop(request.request_id)
+            for child in children:
+                self._requests[child.request_id] = child
+                self._waiting.append(child)
+            return
         self._requests[request.request_id] = request
         self._waiting.append(request)
-        self._counters.num_prompt_tokens_total += request.num_prompt_tokens
+        for child in children:
+            self._requests[child.request_id] = child  # held: abortable, not queued
 
     def abort_request(self, request_id: str) -> bool:
         """Finish a waiting or running request with "abort"; False if it is not live. A
@@ -105,6 +124,12 @@ class Scheduler:
         request = self._requests.get(request_id)
         if request is None:
             return False
+        parent_id = self._forks.parent_of(request_id)
+        if parent_id is not None:  # a held child: it never ran, holds nothing
+            self._finish_held(request)
+            if self._forks.release_child(request):
+                self.abort_request(parent_id)  # no child left to fork into
+            return True
         if self._pending is not None and any(r is request for r, _ in self._pending.candidates):
             self._aborts_after_alloc.append(request_id)
             return True
@@ -113,7 +138,11 @@ class Scheduler:
         else:
             self._waiting.remove(request)
         self._finish(request, RequestStatus.FINISHED_ABORTED)
-        self._abort_deltas.append(request_delta(request, []))
+        if request.is_fork_parent:  # nobody listens to a parent: its children get the deltas
+            for child in self._forks.drop(request_id):
+                self._finish_held(child)
+        else:
+            self._abort_deltas.append(request_delta(request, []))
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -167,7 +196,8 @@ class Scheduler:
             token_budget=self.max_num_batched_tokens,
         )
         free_request_ids, self._free_request_ids = self._free_request_ids, []
-        return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates])
+        return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
+                            forks=self._forks.take_forks())
 
     def on_alloc(self, reply: AllocReply) -> StepPlan:
         pending = self._pending
@@ -189,9 +219,14 @@ class Scheduler:
             if result.status == ALLOC_OK and candidate.is_waiting:
                 request.admit(result.num_cached_tokens)
                 self._counters.num_cached_tokens_total += request.num_computed_tokens  # prefix-cache hit
-                num_scheduled = min(candidate.num_new_tokens, request.num_tokens - request.num_computed_tokens)
+                num_scheduled = min(candidate.num_new_tokens,
+                                    request.num_tokens_to_compute - request.num_computed_tokens)
                 admitted.append(request)
                 # a newly admitted request's new_block_ids are its whole block table
+                plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
+            elif result.status == ALLOC_OK and request.is_fresh_fork:
+                num_scheduled = candidate.num_new_tokens  # its first step: the kvstore sent the whole table
+                request.is_fresh_fork = False
                 plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_OK:
                 num_scheduled = candidate.num_new_tokens
@@ -222,9 +257,12 @@ class Scheduler:
         for request, num_scheduled in in_flight.scheduled:
             if request.is_finished:
                 continue  # aborted while the step ran: its token is dropped
+            self._counters.count_computed(request, num_scheduled)
             request.num_computed_tokens += num_scheduled
             token = sampled.get(request.request_id)
             if token is None:
+                if self._forks.is_ready(request):
+                    self._fork(request)
                 continue  # mid-prefill chunk: nothing sampled yet
             request.output_token_ids.append(token.token_id)
             self._counters.num_generation_tokens_total += 1
@@ -251,6 +289,7 @@ class Scheduler:
         recompute from prompt + output so far (counted as preemptions). The caller resets
         the kvstore and the worker. Returns the moved requests, most important first."""
         self._pending = self._in_flight = None
+        self._forks.forget_forks()  # the kvstore is reset: no parent table is left to split
         moved = self.policy.order_running(self._running)
         moved += [r for r in self._running if r not in moved]  # any the policy left out
         self._preempt(moved)
@@ -297,6 +336,23 @@ class Scheduler:
         self._counters.num_preemptions_total += len(preempted)
         self._running = [r for r in self._running if r.status is RequestStatus.RUNNING]
         self._waiting.extendleft(reversed(preempted))
+
+    def _fork(self, parent: Request) -> None:
+        """A parent's prefill is done: its live children take its place in running; the
+        worker drops the parent, the kvstore splits its table with the next AllocRequest."""
+        children = self._forks.fork(parent)
+        index = self._running.index(parent)
+        self._running[index:index + 1] = children
+        parent.status = RequestStatus.FORKED
+        del self._requests[parent.request_id]
+        self._worker_finished_ids.append(parent.request_id)
+
+    def _finish_held(self, child: Request) -> None:
+        """Abort a held fork child: it is in no queue and holds nothing anywhere."""
+        child.status = RequestStatus.FINISHED_ABORTED
+        del self._requests[child.request_id]
+        self._abort_deltas.append(request_delta(child, []))
+        self._counters.num_finished_total += 1
 
     def _apply_aborts_after_alloc(self) -> None:
         aborts, self._aborts_after_alloc = self._aborts_after_alloc, []

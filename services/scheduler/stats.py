@@ -11,6 +11,7 @@ class SchedulerStats:
     num_waiting: int
     num_preemptions_total: int
     num_prompt_tokens_total: int  # prompt tokens of every request added
+    num_computed_prompt_tokens_total: int  # prompt tokens actually computed (not cache hits; recomputes count)
     num_cached_tokens_total: int  # prefix-cache hits (tokens not computed) over all admissions
     num_generation_tokens_total: int  # sampled tokens appended to outputs
     num_finished_total: int  # stopped, length and aborted
@@ -22,9 +23,16 @@ class SchedulerCounters:
 
     num_preemptions_total: int = 0
     num_prompt_tokens_total: int = 0
+    num_computed_prompt_tokens_total: int = 0
     num_cached_tokens_total: int = 0
     num_generation_tokens_total: int = 0
     num_finished_total: int = 0
+
+    def count_computed(self, request, num_scheduled: int) -> None:
+        """A step computed positions [num_computed_tokens, + num_scheduled) of request."""
+        start = request.num_computed_tokens
+        num_prompt = request.num_prompt_tokens
+        self.num_computed_prompt_tokens_total += min(start + num_scheduled, num_prompt) - min(start, num_prompt)
 
     def snapshot(self, num_running: int, num_waiting: int) -> SchedulerStats:
         return SchedulerStats(
@@ -32,6 +40,7 @@ class SchedulerCounters:
             num_waiting=num_waiting,
             num_preemptions_total=self.num_preemptions_total,
             num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_computed_prompt_tokens_total=self.num_computed_prompt_tokens_total,
             num_cached_tokens_total=self.num_cached_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             num_finished_total=self.num_finished_total,

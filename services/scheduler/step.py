@@ -7,8 +7,8 @@ passes:
    (and every running prefill makes progress) before any prefill chunk grows;
 2. the rest of each running request's prefill, in the same order, as far as budget lasts;
 3. waiting requests (new or preempted), in the policy's waiting order, while sequence slots
-   and budget remain; each asks for min(num_tokens - num_computed_tokens, budget left):
-   a prompt longer than the budget left is cut into chunks over several steps.
+   and budget remain; each asks for min(num_tokens_to_compute - num_computed_tokens,
+   budget left): a prompt longer than the budget left is cut into chunks over several steps.
 Candidates keep the policy's order (running first, then waiting) whatever pass granted
 their tokens, because the kvstore preempts from the tail of that order.
 Invariant: the sum of num_new_tokens over the candidates is <= token_budget.
@@ -54,7 +54,7 @@ def build_candidates(
     for request in running:
         if budget_left == 0 or request.request_id not in granted:
             break
-        wanted = request.num_tokens - request.num_computed_tokens
+        wanted = request.num_tokens_to_compute - request.num_computed_tokens
         extra = min(wanted - 1, budget_left)
         granted[request.request_id] += extra
         budget_left -= extra
@@ -62,18 +62,25 @@ def build_candidates(
     step = CandidateStep(step_id)
     for request in running:
         if request.request_id in granted:
-            candidate = AllocCandidate(request.request_id, granted[request.request_id], request.num_tokens)
+            # the tokens this step computes, so the kvstore can hash blocks as they fill
+            start = request.num_computed_tokens
+            token_ids = request.token_ids_between(start, start + granted[request.request_id])
+            candidate = AllocCandidate(request.request_id, granted[request.request_id], request.num_tokens,
+                                       token_ids=token_ids)
             step.candidates.append((request, candidate))
     for request in waiting:
         if budget_left == 0 or num_free_seqs <= 0:
             break
-        num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget_left)
+        # a fork parent shows the kvstore only what it computes (all but the last prompt token)
+        num_tokens = request.num_tokens_to_compute
+        num_new_tokens = min(num_tokens - request.num_computed_tokens, budget_left)
         candidate = AllocCandidate(
             request.request_id,
             num_new_tokens,
-            request.num_tokens,
+            num_tokens,
             is_waiting=True,
-            token_ids=request.all_token_ids,
+            token_ids=request.token_ids_between(0, num_tokens),
+            cache_salt=request.cache_salt,
         )
         step.candidates.append((request, candidate))
         budget_left -= num_new_tokens

@@ -136,10 +136,12 @@ class FakeWorker:
         self.block_size = block_size
         self.token_fn = token_fn
         self.requests: dict[str, _WorkerRequest] = {}
+        self.block_copies: list[tuple[int, int]] = []  # every copy-on-write pair it was asked for
 
     def execute(self, plan: StepPlan) -> StepResult:
         for request_id in plan.finished_request_ids:
             self.requests.pop(request_id, None)
+        self.block_copies.extend(plan.block_copies)
         scheduled: list[tuple[str, int]] = []
         for new in plan.new_requests:
             assert new.request_id not in self.requests, "a known request sent in full again"

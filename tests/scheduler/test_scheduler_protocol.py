@@ -52,7 +52,7 @@ def test_a_result_must_sample_exactly_where_the_plan_reaches_the_end():
         (lambda: make_request("a", num_prompt_tokens=0), "prompt"),
         (lambda: make_request("a", num_prompt_tokens=16), "prompt"),
         (lambda: make_request("a", max_tokens=0), "max_tokens"),
-        (lambda: Request("a", [1], SamplingParams(n=2), [], 0.0), "n == 1"),
+        (lambda: Request("a", [1], SamplingParams(n=0), [], 0.0), "n must be >= 1"),
     ],
 )
 def test_add_request_refuses_what_cannot_run(request_factory, message):

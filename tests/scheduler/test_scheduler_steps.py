@@ -37,7 +37,7 @@ def test_decodes_are_scheduled_before_a_new_prefill():
         1,
         [],
         [
-            AllocCandidate("a", 1, 11),
+            AllocCandidate("a", 1, 11, token_ids=[token_at("a", 10)]),  # the decode's token, for hashing
             AllocCandidate("b", 31, 100, is_waiting=True, token_ids=b.prompt_token_ids),
         ],
     )
