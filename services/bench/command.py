@@ -1,43 +1,58 @@
-"""`pagedserve bench throughput|serve ...`: the options both kinds share, then dispatch.
+"""`pagedserve bench KIND ...`: one subcommand per benchmark.
 
-throughput: the in-process engine, offline (services/bench/throughput.py).
-serve: a running server over HTTP, or one it launches (services/bench/serve.py).
+throughput: the in-process engine, offline (throughput.py).
+serve: a running server over HTTP, or one it launches (serve.py).
+latency: one request alone, in-process or over HTTP (latency.py).
+attention: paged vs dense attention, one layer (gpu_worker/attention/bench_attention.py).
+fairness: one tenant flooding, another trickling, per policy (fairness.py).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from services.bench import latency, serve, throughput
+from services.bench import fairness, latency, serve, throughput
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=["throughput", "serve", "latency", "attention"],
-                        help="throughput: the in-process engine, offline; serve: a server over HTTP; "
-                             "latency: one request alone; attention: paged vs dense attention micro-benchmark")
+def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="random-64",
                         help="random-64, shared-prefix-32, decode-heavy-128 or FILE.json")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="auto: bfloat16 where the CPU computes it natively (AVX-512 BF16/AMX), else float32")
-    parser.add_argument("--baseline", choices=["hf", "inprocess"], default=None,
-                        help="hf: HF transformers static batching; inprocess (serve only): the in-process engine")
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     throughput.add_arguments(parser)
-    serve.add_arguments(parser)
-    latency.add_arguments(parser)
-    parser.add_argument("--threads", type=int, default=None, help="attention: torch threads (default: torch's)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    p = kinds.add_parser("throughput", help="the in-process engine, offline")
+    _common(p)
+    p.add_argument("--baseline", choices=["hf"], default=None, help="hf: HF transformers static batching")
+    p = kinds.add_parser("serve", help="a server over HTTP (--url, or --launch the stack)")
+    _common(p)
+    p.add_argument("--baseline", choices=["hf", "inprocess"], default=None,
+                   help="run after the server: hf (transformers static batching) or inprocess (the engine)")
+    serve.add_arguments(p)
+    p = kinds.add_parser("latency", help="one request alone, in-process or over HTTP")
+    _common(p)
+    serve.add_arguments(p)
+    latency.add_arguments(p)
+    p = kinds.add_parser("attention", help="paged vs dense attention micro-benchmark")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--repeat", type=int, default=20)
+    fairness.add_arguments(kinds.add_parser("fairness", help="tenant A floods, B trickles: B's TTFT per policy"))
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kind == "throughput" and args.baseline == "inprocess":
-        raise SystemExit("pagedserve bench throughput: --baseline inprocess is for `bench serve`")
     if args.kind == "attention":
         from services.gpu_worker.attention import bench_attention
 
         bench_attention.main(["--repeat", str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else []))
         return 0
+    if args.kind == "fairness":
+        return fairness.run(args)
     if args.dtype == "auto":  # resolved once, so every system of the run uses the same one
         from services.gpu_worker.device import cpu_has_bf16
 

@@ -1,8 +1,8 @@
 """Fair sharing under a flood, over HTTP: tenant B's time to first token while tenant A
 floods the queue, under fcfs and under fair, in one run against one stack.
 
-    python -m services.bench.fairness                       # launches `pagedserve up` itself
-    python -m services.bench.fairness --url http://127.0.0.1:8000
+    pagedserve bench fairness                       # launches `pagedserve up` itself
+    pagedserve bench fairness --url http://127.0.0.1:8000
 
 Phases, in this order, on the same stack (the policy swapped through POST /admin/policy):
 1. alone: B sends --b-requests requests, one every --b-interval seconds, nothing else runs;
