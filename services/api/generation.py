@@ -34,6 +34,11 @@ class Output:
     finish_reason: str | None = None
 
 
+def unavailable(error: Exception) -> ApiError:
+    return ApiError(503, f"the server cannot take requests right now: {error}", code="unavailable",
+                    type="service_unavailable")
+
+
 class Generation:
     def __init__(self, loop: ApiLoop, tokenizer, prepared: Prepared, metrics: ApiMetrics, request_id: str):
         self.loop = loop
@@ -81,19 +86,31 @@ class Generation:
         """Submit; nothing is submitted when it raises: ApiError(400) past a per-request
         limit, ApiError(429) when the waiting queue is closed to this tenant, ApiError(503)
         when Redis cannot take it."""
+        self.check_admission()
+        try:
+            self.attach(await self.loop.submit(self.submit_message()))
+        except RedisUnavailable as e:
+            raise unavailable(e) from None
+
+    def check_admission(self) -> None:
+        """ApiError(400) past a per-request limit, ApiError(429) when the waiting queue is
+        closed to this tenant."""
         p = self.prepared
         admission = self.loop.admission
         check_limits(admission.limits, len(p.prompt_token_ids), p.sampling.max_tokens,
                      "messages" if p.kind == "chat" else "prompt")
         admission.check(p.tenant)
-        msg = SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
-                            prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
-                            priority=p.priority, tenant=p.tenant)
-        try:
-            self._queue = await self.loop.submit(msg)
-        except RedisUnavailable as e:
-            raise ApiError(503, f"the server cannot take requests right now: {e}", code="unavailable",
-                           type="service_unavailable") from None
+
+    def submit_message(self) -> SubmitRequest:
+        p = self.prepared
+        return SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
+                             prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
+                             priority=p.priority, tenant=p.tenant)
+
+    def attach(self, queue: asyncio.Queue) -> None:
+        """The queue its deltas arrive on: it is submitted now."""
+        self._queue = queue
+        p = self.prepared
         log.info("request %s submitted: %d prompt tokens, max_tokens %d", self.request_id,
                  len(p.prompt_token_ids), p.sampling.max_tokens)
 

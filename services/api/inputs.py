@@ -16,6 +16,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
 DEFAULT_CHAT_MAX_TOKENS = 1024  # chat: the rest of the context, capped at this
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
+MAX_N = 16  # choices per request on the OpenAI routes (one prefill, n forks); other routes: 1
 _INT64 = (-(2**63), 2**63 - 1)
 _CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -45,12 +46,13 @@ class Prepared:
     continuous_usage: bool = False
 
 
-def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo) -> Prepared:
-    """Validate and tokenize; raises ApiError for any bad input."""
+def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo, max_n: int = 1) -> Prepared:
+    """Validate and tokenize; raises ApiError for any bad input. max_n: the most choices
+    (`n`) the calling route serves."""
     if not info.accepts(body.model):
         raise ApiError(404, f"the model '{body.model}' does not exist (this server serves '{info.served_name}')",
                        code="model_not_found", param="model")
-    _check_unsupported(body)
+    _check_unsupported(body, max_n)
     if isinstance(body, ChatCompletionRequest):
         prompt_ids = _chat_prompt(body, tokenizer)
         kind, max_tokens = "chat", body.max_completion_tokens if body.max_completion_tokens is not None \
@@ -78,10 +80,16 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
                     continuous_usage=bool(options and options.continuous_usage_stats))
 
 
-def _check_unsupported(body) -> None:
-    if body.n != 1:
-        raise ApiError(400, f"n={body.n} is not supported yet: only n=1", param="n",
-                       code="unsupported" if body.n > 1 else "invalid_value")
+def _check_unsupported(body, max_n: int) -> None:
+    if body.n < 1:
+        raise ApiError(400, f"n must be at least 1, got {body.n}", param="n", code="invalid_value")
+    if body.n > max_n:
+        where = "on this route" if max_n == 1 else f"above {max_n}"
+        raise ApiError(400, f"n={body.n} is not supported {where}", param="n",
+                       code="unsupported" if max_n == 1 else "invalid_value")
+    if body.seed is not None and body.n > 1 and body.seed + body.n - 1 > _INT64[1]:
+        raise ApiError(400, f"seed + n - 1 must fit in int64 (choice i samples with seed + i), got seed={body.seed}",
+                       param="seed")
     if body.logit_bias:
         raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported")
     if isinstance(body, CompletionRequest):
@@ -175,7 +183,7 @@ def _sampling(body, max_tokens: int, logprobs: int | None, info: ModelInfo) -> S
                           min_p=float(min_p), seed=seed, stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
                           logprobs=logprobs, repetition_penalty=float(repetition),
                           presence_penalty=float(penalties["presence_penalty"]),
-                          frequency_penalty=float(penalties["frequency_penalty"]), n=1)
+                          frequency_penalty=float(penalties["frequency_penalty"]), n=body.n)
 
 
 def _stop_strings(stop: str | list[str] | None) -> list[str]:

@@ -25,7 +25,15 @@ import redis.asyncio as aioredis
 
 from services.api.admission import REFRESH_S, AdmissionGate
 from shared import redis_io
-from shared.messages import AbortRequest, DeltaBatch, PolicyReply, RequestDelta, SetPolicy, SubmitRequest
+from shared.messages import (
+    AbortRequest,
+    DeltaBatch,
+    PolicyReply,
+    PrefixCacheReset,
+    RequestDelta,
+    SetPolicy,
+    SubmitRequest,
+)
 from shared.redis_io import REDIS_ERRORS, Backoff, Heartbeat
 from shared.streams import HEARTBEAT_INTERVAL_S, Keys
 
@@ -121,6 +129,22 @@ class ApiLoop:
             raise
         return entry.queue
 
+    async def submit_group(self, msg: SubmitRequest, sequences: list[SubmitRequest]) -> list[asyncio.Queue]:
+        """Send one submission with sampling.n > 1; the deltas of its n sequences (each
+        described as its own n == 1 submission, which is what a restarted scheduler gets
+        resubmitted) arrive on the returned queues. RedisUnavailable as submit()."""
+        entries = [_InFlight(sequence, asyncio.Queue()) for sequence in sequences]
+        for entry in entries:
+            self._in_flight[entry.submit.request_id] = entry
+        try:
+            await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
+                              f"submit {msg.request_id}", self.submit_timeout_s)
+        except BaseException:
+            for entry in entries:
+                self._in_flight.pop(entry.submit.request_id, None)
+            raise
+        return [entry.queue for entry in entries]
+
     def abort(self, request_id: str, reason: str = "abort") -> asyncio.Task:
         """Stop listening to a request and tell the scheduler to abort it (sent in the
         background with retries, so a caller being cancelled cannot lose it)."""
@@ -152,6 +176,20 @@ class ApiLoop:
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._commands.pop(msg.command_id, None)
+
+    async def reset_prefix_cache(self, timeout_s: float = 10.0, poll_s: float = 0.05) -> dict:
+        """Ask for the prefix cache to be emptied (api -> scheduler -> kvstore); the
+        kvstore's stats once they list this reset as done. TimeoutError or RedisUnavailable."""
+        msg = PrefixCacheReset(uuid.uuid4().hex)
+        await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg), "reset prefix cache", 5.0)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = (await self.read_stats())["kvstore"]
+            if msg.reset_id in (stats.get("prefix_cache_reset_ids") or ()):
+                return stats
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefix cache reset {msg.reset_id} not done in {timeout_s:.0f}s")
+            await asyncio.sleep(poll_s)
 
     # ---- stats and readiness ---------------------------------------------------------
 

@@ -42,10 +42,19 @@ class StatsCollector:
         yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
                                 "KV cache usage: fraction of blocks held by requests (1 = full, 0 idle).",
                                 value=kv_usage(kv))
+        yield GaugeMetricFamily(PREFIX + "kv_cache_cached_free_blocks",
+                                "Blocks nobody holds that still cache a prefix (evicted least recently freed first).",
+                                value=_number(kv, "num_cached_free_blocks"))
         counters = (
             ("prefix_cache_queries", "Prefix cache queries, in tokens.", kv, "prefix_cache_queries"),
             ("prefix_cache_hits", "Prefix cache hits, in tokens.", kv, "prefix_cache_hits"),
             ("prompt_tokens", "Prompt tokens processed.", sched, "prompt_tokens_total"),
+            ("prompt_tokens_computed", "Prompt tokens computed (not prefix-cache hits; recomputes count).", sched,
+             "prompt_tokens_computed_total"),
+            ("kv_cache_evictions", "Cached free blocks reused for another prefix.", kv, "num_evictions"),
+            ("kv_block_copies", "Copy-on-write block copies (n > 1 forks).", kv, "num_block_copies"),
+            ("prefix_cache_resets", "Prefix cache resets (POST /admin/prefix-cache/reset).", kv,
+             "num_prefix_cache_resets"),
             ("generation_tokens", "Generation tokens produced.", sched, "generation_tokens_total"),
             ("num_preemptions", "Cumulative preemptions.", sched, "num_preemptions_total"),
         )

@@ -1,46 +1,51 @@
-"""OpenAI response shapes for completions and chat completions, whole and as SSE chunks."""
+"""OpenAI response shapes for completions and chat completions, whole and as SSE chunks;
+`n` choices, each with its index (services/api/choices.py)."""
 
 from __future__ import annotations
 
 import json
 
+from services.api.choices import Choices
 from services.api.generation import Generation, Output
 from shared.messages import SampledToken
 
 
-def completion_response(gen: Generation) -> dict:
-    choice = {"index": 0, "text": gen.text, "logprobs": completion_logprobs(gen, gen.logprobs, 0),
-              "finish_reason": gen.finish_reason}
-    return _envelope(gen, "text_completion", [choice], usage=gen.usage())
+def completion_response(choices: Choices) -> dict:
+    body = [{"index": i, "text": gen.text, "logprobs": completion_logprobs(gen, gen.logprobs, 0),
+             "finish_reason": gen.finish_reason} for i, gen in enumerate(choices.gens)]
+    return _envelope(choices, "text_completion", body, usage=choices.usage())
 
 
-def chat_response(gen: Generation) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
-              "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": gen.finish_reason}
-    return _envelope(gen, "chat.completion", [choice], usage=gen.usage())
+def chat_response(choices: Choices) -> dict:
+    body = [{"index": i, "message": {"role": "assistant", "content": gen.text},
+             "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": gen.finish_reason}
+            for i, gen in enumerate(choices.gens)]
+    return _envelope(choices, "chat.completion", body, usage=choices.usage())
 
 
-def completion_chunk(gen: Generation, out: Output, text_offset: int) -> dict:
-    choice = {"index": 0, "text": out.text, "logprobs": completion_logprobs(gen, out.logprobs, text_offset),
+def completion_chunk(choices: Choices, index: int, out: Output, text_offset: int) -> dict:
+    choice = {"index": index, "text": out.text,
+              "logprobs": completion_logprobs(choices.gens[index], out.logprobs, text_offset),
               "finish_reason": out.finish_reason}
-    return _envelope(gen, "text_completion", [choice], usage=_chunk_usage(gen))
+    return _envelope(choices, "text_completion", [choice], usage=_chunk_usage(choices))
 
 
-def chat_role_chunk(gen: Generation) -> dict:
-    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    return _envelope(gen, "chat.completion.chunk", [choice], usage=_chunk_usage(gen))
+def chat_role_chunk(choices: Choices, index: int = 0) -> dict:
+    choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+              "finish_reason": None}
+    return _envelope(choices, "chat.completion.chunk", [choice], usage=_chunk_usage(choices))
 
 
-def chat_chunk(gen: Generation, out: Output) -> dict:
+def chat_chunk(choices: Choices, index: int, out: Output) -> dict:
     delta = {"content": out.text} if out.text or out.finish_reason is None else {}
-    choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(gen, out.logprobs),
+    choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(choices.gens[index], out.logprobs),
               "finish_reason": out.finish_reason}
-    return _envelope(gen, "chat.completion.chunk", [choice], usage=_chunk_usage(gen))
+    return _envelope(choices, "chat.completion.chunk", [choice], usage=_chunk_usage(choices))
 
 
-def usage_chunk(gen: Generation) -> dict:
-    kind = "chat.completion.chunk" if gen.prepared.kind == "chat" else "text_completion"
-    return _envelope(gen, kind, [], usage=gen.usage())
+def usage_chunk(choices: Choices) -> dict:
+    kind = "chat.completion.chunk" if choices.prepared.kind == "chat" else "text_completion"
+    return _envelope(choices, kind, [], usage=choices.usage())
 
 
 def sse(obj: dict | str) -> bytes:
@@ -48,18 +53,19 @@ def sse(obj: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _chunk_usage(gen: Generation) -> dict | None:
-    if gen.prepared.continuous_usage:
-        return gen.usage()
+def _chunk_usage(choices: Choices) -> dict | None:
+    if choices.prepared.continuous_usage:
+        return choices.usage()
     return None
 
 
-def _envelope(gen: Generation, obj: str, choices: list, usage: dict | None) -> dict:
-    body = {"id": gen.request_id, "object": obj, "created": gen.created, "model": gen.prepared.model,
-            "choices": choices}
-    if usage is not None or gen.prepared.include_usage or not gen.prepared.stream:
-        body["usage"] = usage
-    return body
+def _envelope(choices: Choices, obj: str, body: list, usage: dict | None) -> dict:
+    prepared = choices.prepared
+    envelope = {"id": choices.request_id, "object": obj, "created": choices.created, "model": prepared.model,
+                "choices": body}
+    if usage is not None or prepared.include_usage or not prepared.stream:
+        envelope["usage"] = usage
+    return envelope
 
 
 def _token_text(tokenizer, token_id: int) -> str:

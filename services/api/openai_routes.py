@@ -15,9 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.api import openai_format as fmt
-from services.api.edge import CLIENT_GONE, outputs_until_disconnect, read_body, state_of
-from services.api.generation import Generation
-from services.api.inputs import prepare
+from services.api.choices import Choices
+from services.api.edge import CLIENT_GONE, read_body, state_of
+from services.api.inputs import MAX_N, prepare
 from services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 log = logging.getLogger("pagedserve.api")
@@ -45,52 +45,54 @@ async def chat_completions(request: Request) -> Response:
 async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
     body = parse_body(await read_body(request, state.max_body_bytes), cls)
-    prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
-    gen = state.generation(prepared, request)
-    await gen.start()
+    prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info, MAX_N)
+    choices = Choices(state, prepared, request)
+    await choices.start()
     if prepared.stream:
-        return GenerationStream(gen, _sse_events(gen, request))
+        return GenerationStream(choices, _sse_events(choices, request))
     try:
-        async for _ in outputs_until_disconnect(gen, request.is_disconnected):
+        async for _ in choices.outputs(request.is_disconnected):
             pass
     finally:
-        gen.close("request handler ended early")
-    if gen.why == CLIENT_GONE:
-        log.info("request %s: client hung up, aborted", gen.request_id)
+        choices.close("request handler ended early")
+    if choices.why == CLIENT_GONE:
+        log.info("request %s: client hung up, aborted", choices.request_id)
         return Response(status_code=499)
-    body = fmt.chat_response(gen) if prepared.kind == "chat" else fmt.completion_response(gen)
+    body = fmt.chat_response(choices) if prepared.kind == "chat" else fmt.completion_response(choices)
     return JSONResponse(body)
 
 
-async def _sse_events(gen: Generation, request: Request):
-    chat = gen.prepared.kind == "chat"
-    logprobs = gen.prepared.sampling.logprobs is not None
+async def _sse_events(choices: Choices, request: Request):
+    chat = choices.prepared.kind == "chat"
+    logprobs = choices.prepared.sampling.logprobs is not None
     if chat:
-        yield fmt.sse(fmt.chat_role_chunk(gen))
-    text_offset = 0
-    async for out in outputs_until_disconnect(gen, request.is_disconnected):
+        for index in range(len(choices.gens)):
+            yield fmt.sse(fmt.chat_role_chunk(choices, index))
+    text_offsets = [0] * len(choices.gens)
+    async for index, out in choices.outputs(request.is_disconnected):
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
-        yield fmt.sse(fmt.chat_chunk(gen, out) if chat else fmt.completion_chunk(gen, out, text_offset))
-        text_offset += len(out.text)
-    if gen.why == CLIENT_GONE:
+        yield fmt.sse(fmt.chat_chunk(choices, index, out) if chat
+                      else fmt.completion_chunk(choices, index, out, text_offsets[index]))
+        text_offsets[index] += len(out.text)
+    if choices.why == CLIENT_GONE:
         return
-    if gen.prepared.include_usage:
-        yield fmt.sse(fmt.usage_chunk(gen))
+    if choices.prepared.include_usage:
+        yield fmt.sse(fmt.usage_chunk(choices))
     yield fmt.sse("[DONE]")
 
 
 class GenerationStream(StreamingResponse):
-    """An SSE response that aborts its generation however the stream ends (client gone,
+    """An SSE response that aborts its generations however the stream ends (client gone,
     write error, cancellation), not only when its iterator is finalized."""
 
-    def __init__(self, gen: Generation, content):
+    def __init__(self, choices: Choices, content):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.gen = gen
+        self.choices = choices
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.gen.close("stream ended early")
+            self.choices.close("stream ended early")

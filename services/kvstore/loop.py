@@ -12,7 +12,8 @@ requests it names, and a reply from it would hand out blocks that are in use. A 
 request whose step_id is not above the last one seen is a redelivery and is dropped.
 
 Stats (keys.stats("kvstore")): BlockManager.stats() plus integrity_ok/integrity_error,
-incarnation, step_id, worker_id; written at most every STATS_INTERVAL_S while busy and as
+incarnation, step_id, worker_id; the counters (hits, evictions, copies, ...) run on across
+manager replacements, so the api's Prometheus counters never go down; written at most every STATS_INTERVAL_S while busy and as
 soon as the stream goes quiet. PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
 """
 
@@ -23,10 +24,11 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 
 from services.kvstore.block_manager import BlockManager
 from shared import redis_io
-from shared.messages import AllocReply, AllocRequest, WorkerHello
+from shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
 from shared.redis_io import Entry, Heartbeat
 from shared.streams import Keys
 
@@ -35,6 +37,10 @@ log = logging.getLogger("pagedserve.kvstore")
 GROUP = CONSUMER = "kvstore"
 STATS_INTERVAL_S = 0.05
 INTEGRITY_INTERVAL_S = 1.0  # a full check walks every block: not on every busy stats write
+# counters of BlockManager.stats() carried over when the manager is replaced
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_evictions", "num_block_copies",
+            "num_prefix_cache_resets")
+NUM_RESET_IDS = 16
 
 
 class KvStoreLoop:
@@ -55,6 +61,8 @@ class KvStoreLoop:
         self.last_integrity = 0.0
         self.last_stats = 0.0
         self.stats_dirty = True
+        self.counter_base: Counter[str] = Counter()  # COUNTERS of the managers replaced so far
+        self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
 
     async def run(self, stop: asyncio.Event) -> int:
         await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
@@ -66,7 +74,7 @@ class KvStoreLoop:
         await heartbeat.start()
         log.info("kvstore ready: prefix=%s prefix_caching=%s incarnation=%s%s", self.keys.prefix,
                  self.enable_prefix_caching, self.incarnation, "" if self.manager else " (waiting for a worker)")
-        streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_alloc: (AllocRequest,)}
+        streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_alloc: (AllocRequest, PrefixCacheReset)}
         backoff = redis_io.Backoff()
         try:
             while not stop.is_set():
@@ -77,6 +85,8 @@ class KvStoreLoop:
                         if entry.stream == self.keys.worker_hello:
                             if entry.error is None:
                                 self._on_hello(entry.entry_id, entry.message)
+                        elif isinstance(entry.message, PrefixCacheReset):
+                            self._reset_prefix_cache(entry.message)
                         else:
                             await self._on_alloc(entry)
                     await self._write_stats(idle=not entries)
@@ -101,8 +111,18 @@ class KvStoreLoop:
                  hello.block_size)
 
     def _new_manager(self) -> BlockManager:
+        if self.manager is not None:
+            old = self.manager.stats()
+            self.counter_base.update({key: old[key] for key in COUNTERS})
         return BlockManager(self.hello.num_blocks, self.hello.block_size,
-                            enable_prefix_caching=self.enable_prefix_caching, watermark=self.watermark)
+                            enable_prefix_caching=self.enable_prefix_caching, watermark=self.watermark,
+                            hash_keys=(self.hello.model,))
+
+    def _reset_prefix_cache(self, command: PrefixCacheReset) -> None:
+        num_dropped = self.manager.reset_prefix_cache() if self.manager is not None else 0
+        log.info("prefix cache reset %s: %d cached prefixes dropped", command.reset_id, num_dropped)
+        self.reset_ids = (self.reset_ids + [command.reset_id])[-NUM_RESET_IDS:]
+        self.stats_dirty = True
 
     async def _on_alloc(self, entry: Entry) -> None:
         request: AllocRequest | None = entry.message
@@ -162,7 +182,10 @@ class KvStoreLoop:
             self._check_integrity()
         stats = self.manager.stats() if self.manager is not None else {"num_blocks": 0, "num_held_blocks": 0,
                                                                        "num_free_blocks": 0, "usage": 0.0}
+        for key in COUNTERS:
+            stats[key] = stats.get(key, 0) + self.counter_base[key]
         stats.update(integrity_ok=self.integrity_error is None, integrity_error=self.integrity_error,
+                     prefix_cache_reset_ids=self.reset_ids,
                      incarnation=self.incarnation, step_id=self.last_step_id,
                      worker_id=self.hello.worker_id if self.hello is not None else None)
         await redis_io.write_stats(self.r, self.keys, "kvstore", stats)

@@ -18,8 +18,10 @@ log = logging.getLogger("pagedserve.kvstore")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     redis_io.add_common_arguments(parser)
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
-                        help="share full blocks between requests with the same prefix (default: off)")
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
+                        help="share full blocks between requests with the same prefix (default: on)")
+    parser.add_argument("--no-prefix-caching", "--no-enable-prefix-caching", dest="enable_prefix_caching",
+                        action="store_false", help="no prefix sharing (to compare)")
     parser.add_argument("--watermark", type=float, default=0.01,
                         help="fraction of the pool admission keeps free for running requests to grow into")
 

@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="api port (default 8000)")
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on a CPU (default 2GiB)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
-    parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=False,
-                        help="share cached prefix blocks between requests")
+    parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=True,
+                        help="share cached prefix blocks between requests (default)")
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
-                        help="no prefix sharing (default)")
+                        help="no prefix sharing (to compare)")
     parser.add_argument("--api-key", default=os.environ.get("PAGEDSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (env PAGEDSERVE_API_KEY)")
     parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or "pagedserve",
@@ -87,7 +87,7 @@ def check_args(args: argparse.Namespace) -> None:
 def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str, list[str]]]:
     """(name, argv) of each service, in start order."""
     common = ["--redis-url", redis_url, "--prefix", args.prefix, "--log-level", args.log_level]
-    kvstore = ["--enable-prefix-caching"] if args.prefix_caching else []
+    kvstore = [] if args.prefix_caching else ["--no-prefix-caching"]
     worker = ["--model", args.model, "--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory)]
     if args.num_blocks is not None:
         worker += ["--num-blocks", str(args.num_blocks)]

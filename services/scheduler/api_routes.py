@@ -56,12 +56,13 @@ class ApiRoutes:
 def request_from_submit(sub: SubmitRequest, eos_token_ids: list[int]) -> Request:
     """A fresh WAITING request; a resubmission resumes after the tokens already delivered."""
     request = Request(sub.request_id, list(sub.prompt_token_ids), sub.sampling, list(eos_token_ids),
-                      sub.arrival_time, sub.priority, sub.tenant)
+                      sub.arrival_time, sub.priority, sub.tenant, sub.cache_salt)
     request.output_token_ids = list(sub.output_token_ids)
     return request
 
 
-def final_delta(request: Request, finish_reason: str) -> RequestDelta:
-    """The finish of a request that never ran here (refused, or done before a restart)."""
-    return RequestDelta(request.request_id, [], finish_reason=finish_reason,
+def final_delta(request: Request, finish_reason: str, request_id: str | None = None) -> RequestDelta:
+    """The finish of a request that never ran here (refused, or done before a restart);
+    request_id: one of its n sequences instead (n > 1)."""
+    return RequestDelta(request_id or request.request_id, [], finish_reason=finish_reason,
                         num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens)

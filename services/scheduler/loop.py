@@ -40,12 +40,14 @@ from shared.messages import (
     AllocReply,
     DeltaBatch,
     PolicyReply,
+    PrefixCacheReset,
     SetPolicy,
     StepPlan,
     StepResult,
     SubmitRequest,
     WorkerHello,
 )
+from shared.parallel_sampling import child_request_ids
 from shared.redis_io import Heartbeat
 from shared.streams import Keys
 
@@ -66,6 +68,7 @@ class SchedulerLoop:
         self.routes = ApiRoutes()
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy] = []
         self.policy_replies: list[tuple[str, PolicyReply]] = []  # (api_id, reply) to send
+        self.kv_commands: list[PrefixCacheReset] = []  # to the kvstore with the next flush
         self.hello: WorkerHello | None = None
         self.hello_id = (0, 0)
         self.worker_inc: str | None = None  # None: no live worker accepted
@@ -178,7 +181,7 @@ class SchedulerLoop:
         streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_reply: (AllocReply,),
                    self.keys.worker_results: (StepResult,)}
         if self.hello is not None:
-            streams[self.keys.requests] = (SubmitRequest, AbortRequest, SetPolicy)
+            streams[self.keys.requests] = (SubmitRequest, AbortRequest, SetPolicy, PrefixCacheReset)
         block_ms = None if block_s is None else max(1, int(block_s * 1000))
         for entry in await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms):
             if entry.error is not None:
@@ -245,6 +248,8 @@ class SchedulerLoop:
                 self.sched.abort_request(message.request_id)  # unknown/finished: a no-op
             elif isinstance(message, SetPolicy):
                 self._set_policy(message)
+            elif isinstance(message, PrefixCacheReset):
+                self.kv_commands.append(message)  # to the kvstore, between two steps
             else:
                 self._submit(message)
         self.stats_dirty = self.stats_dirty or bool(inbox)  # the admission table changed
@@ -264,7 +269,9 @@ class SchedulerLoop:
         self.policy_replies.append((command.api_id, reply))
 
     def _submit(self, sub: SubmitRequest) -> None:
-        if self.routes.is_known(sub.request_id):
+        # n > 1: the deltas are the children's (shared/parallel_sampling.py), the api listens to those
+        sequence_ids = child_request_ids(sub.request_id, sub.sampling.n)
+        if any(self.routes.is_known(request_id) for request_id in sequence_ids):
             log.debug("duplicate submission %s ignored", sub.request_id)
             return
         request = request_from_submit(sub, self.hello.eos_token_ids)
@@ -276,11 +283,16 @@ class SchedulerLoop:
             self.sched.add_request(request)
         except ValueError as e:
             log.error("request %s from api %s refused: %s", sub.request_id, sub.api_id, e)
-            self.routes.route(final_delta(request, "abort"), sub.api_id)
+            for request_id in sequence_ids:
+                self.routes.route(final_delta(request, "abort", request_id), sub.api_id)
             return
-        self.routes.add(sub.request_id, sub.api_id)
+        for request_id in sequence_ids:
+            self.routes.add(request_id, sub.api_id)
 
     async def _flush_outbox(self) -> None:
+        commands, self.kv_commands = self.kv_commands, []
+        for command in commands:
+            await redis_io.send(self.r, self.keys.kv_alloc, command)
         replies, self.policy_replies = self.policy_replies, []
         for api_id, reply in replies:
             await redis_io.send(self.r, self.keys.api_deltas(api_id), reply)
@@ -316,6 +328,7 @@ class SchedulerLoop:
         await redis_io.write_stats(self.r, self.keys, "scheduler", {
             "num_requests_running": s.num_running, "num_requests_waiting": s.num_waiting,
             "num_preemptions_total": s.num_preemptions_total, "prompt_tokens_total": s.num_prompt_tokens_total,
+            "prompt_tokens_computed_total": s.num_computed_prompt_tokens_total,
             "generation_tokens_total": s.num_generation_tokens_total, "num_finished_total": s.num_finished_total,
             "step_id": self.step_id, "incarnation": self.incarnation, "policy": self.sched.policy.describe(),
             "admission": self.sched.admission_table()})

@@ -46,7 +46,8 @@ BAD_BODIES = [
     ({"prompt": "hi", "max_tokens": 8192}, 400, "context_length_exceeded"),
     ({"prompt": [5] * 8000, "max_tokens": 200}, 400, "context_length_exceeded"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
-    ({"prompt": "hi", "n": 2}, 400, "unsupported"),
+    ({"prompt": "hi", "n": 17}, 400, None),  # above MAX_N (OpenAI routes), above 1 (the others)
+    ({"prompt": "hi", "n": 2, "seed": 2**63 - 1}, 400, None),  # choice 1 would need seed + 1
     ({"prompt": "hi", "n": 0}, 400, "invalid_value"),
     ({"prompt": "hi", "best_of": 3}, 400, "unsupported"),
     ({"prompt": "hi", "echo": True}, 400, "unsupported"),
@@ -136,3 +137,14 @@ def test_body_kind_is_picked_by_messages_or_forced():
 def test_unknown_fields_are_ignored(tokenizer):
     p = _prepare(tokenizer, {"prompt": "hi", "some_future_field": {"a": 1}, "max_tokens": 3})
     assert p.sampling.max_tokens == 3
+
+
+def test_n_choices_on_the_openai_routes_only(tokenizer):
+    from services.api.inputs import MAX_N
+
+    body = parse_body(json.dumps({"prompt": "hi", "n": 3, "seed": 5, "temperature": 0.7}).encode())
+    sampling = prepare(body, tokenizer, INFO, MAX_N).sampling
+    assert (sampling.n, sampling.seed) == (3, 5)  # choice i samples with seed + i (shared/parallel_sampling.py)
+    with pytest.raises(ApiError) as info:
+        prepare(body, tokenizer, INFO)  # the REST and WebSocket routes serve one sequence
+    assert (info.value.status, info.value.code, info.value.param) == (400, "unsupported", "n")

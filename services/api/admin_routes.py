@@ -1,0 +1,32 @@
+"""POST /admin/prefix-cache/reset: empty the kvstore's prefix cache (to compare, or after
+changing what a cached prefix would mean).
+
+The command travels api -> scheduler (requests stream, applied between two steps) ->
+kvstore, which drops every cached prefix hash at once: running requests keep their blocks,
+and no later request hits a prefix cached before the reset. 200 once the kvstore reports
+it done, with its cache figures; 504 when it does not in time; 503 without Redis. /admin
+routes need the API key when one is set (edge.AuthMiddleware).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from services.api.edge import state_of
+from services.api.loop import RedisUnavailable
+from services.api.protocol import ApiError
+
+router = APIRouter()
+
+
+@router.post("/admin/prefix-cache/reset")
+async def reset_prefix_cache(request: Request) -> dict:
+    try:
+        stats = await state_of(request).loop.reset_prefix_cache()
+    except TimeoutError:
+        raise ApiError(504, "the kvstore did not confirm the prefix cache reset", code="kvstore_timeout",
+                       type="service_unavailable") from None
+    except RedisUnavailable as e:
+        raise ApiError(503, str(e), code="unavailable", type="service_unavailable") from None
+    return {"status": "reset", "num_cached_blocks": stats.get("num_cached_blocks", 0),
+            "num_prefix_cache_resets": stats.get("num_prefix_cache_resets", 0)}

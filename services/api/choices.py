@@ -1,0 +1,100 @@
+"""The n choices of one OpenAI request (`n` >= 1): one Generation per sequence, one submission.
+
+For n > 1 the scheduler prefills the prompt once and forks it (shared/parallel_sampling.py:
+sequence i is f"{request_id}.{i}", seeded seed + i); each sequence streams, stops (stop
+strings included) and is aborted on its own, as its own Generation. For n == 1 the one
+Generation is the request itself, exactly as before. Whoever drives Choices must close()
+it (try/finally): every sequence not finished by then is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+
+from services.api.edge import ApiState, outputs_until_disconnect
+from services.api.generation import Generation, Output, unavailable
+from services.api.inputs import Prepared
+from services.api.loop import RedisUnavailable
+from shared.parallel_sampling import child_request_ids, child_sampling
+
+
+class Choices:
+    def __init__(self, state: ApiState, prepared: Prepared, conn=None) -> None:
+        first = state.generation(prepared, conn)  # names the request, sets the tenant
+        self.request_id, self.prepared, self.created = first.request_id, prepared, first.created
+        n = prepared.sampling.n
+        if n == 1:
+            self.gens = [first]
+        else:
+            self.gens = [Generation(state.loop, state.tokenizer, replace(prepared, sampling=child_sampling(
+                prepared.sampling, index)), state.metrics, child_id)
+                for index, child_id in enumerate(child_request_ids(self.request_id, n))]
+        self._loop = state.loop
+
+    @property
+    def why(self) -> str | None:
+        """What ended it: the first sequence's reason (all end together when a client leaves)."""
+        return self.gens[0].why
+
+    async def start(self) -> None:
+        """Submit once; ApiError as Generation.start, and then nothing was submitted."""
+        if len(self.gens) == 1:
+            await self.gens[0].start()
+            return
+        self.gens[0].check_admission()
+        group = replace(self.gens[0].submit_message(), request_id=self.request_id, sampling=self.prepared.sampling)
+        try:
+            queues = await self._loop.submit_group(group, [gen.submit_message() for gen in self.gens])
+        except RedisUnavailable as e:
+            raise unavailable(e) from None
+        for gen, queue in zip(self.gens, queues, strict=True):
+            gen.attach(queue)
+
+    async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[int, Output]]:
+        """(index, output) of every sequence as they come, until all are finished; a client
+        gone aborts them all."""
+        if len(self.gens) == 1:
+            async for out in outputs_until_disconnect(self.gens[0], is_disconnected):
+                yield 0, out
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, gen: Generation) -> None:
+            try:
+                async for out in outputs_until_disconnect(gen, is_disconnected):
+                    await merged.put((index, out))
+            finally:
+                await merged.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i, gen)) for i, gen in enumerate(self.gens)]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                index, out = await merged.get()
+                if out is None:
+                    num_running -= 1
+                    if self.gens[index].why == "client disconnected":
+                        self.close(self.gens[index].why)  # every sequence's client is gone
+                else:
+                    yield index, out
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self, reason: str = "client went away") -> None:
+        for gen in self.gens:
+            gen.close(reason)
+
+    def usage(self) -> dict:
+        """The prompt once, the completions of every sequence."""
+        first = self.gens[0].usage()
+        completion = sum(len(gen.token_ids) for gen in self.gens)
+        usage = {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion,
+                 "total_tokens": first["prompt_tokens"] + completion}
+        cached = max(gen.num_cached_tokens for gen in self.gens)
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
