@@ -3,6 +3,8 @@ against HF transformers' static batching in the same run.
 
 Every request is added at the start (a burst); TTFT and ITL are taken per request from the
 step in which its tokens come out, so they compare with `bench serve`'s client-side figures.
+--compare-prefix-caching runs the engine twice in one run, prefix caching on then off, and
+reports prompt_tokens_computed (prefill work actually done) beside the wall time.
 """
 
 from __future__ import annotations
@@ -17,28 +19,32 @@ from shared.config import EngineConfig
 from shared.messages import SamplingParams
 
 COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-           "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate"]
+           "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate", "prompt_tokens_computed"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", default="2GiB")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--compare-prefix-caching", action="store_true",
+                        help="run the engine with prefix caching on, then off, in this one run")
 
 
-def run_engine(requests, args) -> dict:
+def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dict:
     from tqdm import tqdm
 
     from services.engine import Engine
 
     config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          enable_prefix_caching=args.enable_prefix_caching)
+                          enable_prefix_caching=args.enable_prefix_caching if enable_prefix_caching is None
+                          else enable_prefix_caching)
     engine = Engine(config)
     # warm-up outside the clock: one tiny request
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
     num_steps = 0
+    num_computed_before = engine.scheduler.stats().num_computed_prompt_tokens_total
     started = time.perf_counter()
     last_token_at: dict[str, float] = {}
     ttft, itl = [], []
@@ -62,7 +68,13 @@ def run_engine(requests, args) -> dict:
             num_steps += 1
     wall = time.perf_counter() - started
     stats = engine.block_manager.stats()
-    result = {"system": "pagedserve-inprocess", "num_steps": num_steps,
+    # the warm-up's few prompt tokens are not this run's: count from after it
+    num_computed = engine.scheduler.stats().num_computed_prompt_tokens_total - num_computed_before
+    caching = engine.config.enable_prefix_caching
+    name = "pagedserve-inprocess" if enable_prefix_caching is None else \
+        f"pagedserve-inprocess (prefix caching {'on' if caching else 'off'})"
+    result = {"system": name, "num_steps": num_steps, "prefix_caching": caching,
+              "prompt_tokens_computed": num_computed,
               **throughput_fields(wall, len(requests), num_output, sum(len(r.prompt_token_ids) for r in requests)),
               **latency_summary("ttft", ttft), **latency_summary("itl", itl),
               "num_preemptions": stats.get("num_preemptions", 0),
@@ -72,7 +84,10 @@ def run_engine(requests, args) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     requests = load_workload(args.workload)
-    results = [run_engine(requests, args)]
+    if args.compare_prefix_caching:
+        results = [run_engine(requests, args, True), run_engine(requests, args, False)]
+    else:
+        results = [run_engine(requests, args)]
     if args.baseline == "hf":
         from tqdm import tqdm
 
