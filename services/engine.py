@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from services.gpu_worker.worker import Worker
 from services.kvstore.block_manager import BlockManager
-from services.scheduler.policy import FCFSPolicy
+from services.scheduler.policies.registry import configured_policy
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from shared.config import EngineConfig
@@ -38,6 +38,7 @@ class GenerationOutput:
 class Engine:
     def __init__(self, config: EngineConfig | None = None, **overrides):
         self.config = config or EngineConfig(**overrides)
+        policy = configured_policy(self.config.policy, self.config.policy_options)  # before the weights load
         self.worker = Worker(self.config)
         model_config = self.worker.model_config
         self.max_model_len = self.config.max_model_len or model_config.max_position_embeddings
@@ -45,7 +46,7 @@ class Engine:
         self.block_manager = BlockManager(self.worker.num_blocks, self.config.block_size,
                                           enable_prefix_caching=self.config.enable_prefix_caching,
                                           hash_keys=(self.config.model,))
-        self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs=self.config.max_num_seqs,
+        self.scheduler = Scheduler(policy, max_num_seqs=self.config.max_num_seqs,
                                    max_num_batched_tokens=self.config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len)
         self._ids = itertools.count()

@@ -6,7 +6,7 @@ Bad config fails at start with the field named (ConfigError), never later in a l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
                "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
@@ -40,6 +40,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True  # as vLLM: on unless turned off for comparison
+    policy: str = "fcfs"  # an installed `pagedserve.policies` entry point, loaded when the engine starts
+    policy_options: dict = field(default_factory=dict)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -61,6 +63,8 @@ class EngineConfig:
         need(self.max_num_seqs >= 1, "max_num_seqs", "at least 1")
         need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "at least 1")
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
+        need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
+        need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from services.bench.report import latency_summary, print_table, throughput_fields
@@ -29,6 +30,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compare-prefix-caching", action="store_true",
                         help="run the engine with prefix caching on, then off, in this one run")
+    parser.add_argument("--policy", default="fcfs", help="the in-process engine's scheduling policy (an installed "
+                        "`pagedserve policies` name)")
+    parser.add_argument("--policy-options", type=_json_object, default={}, metavar="JSON",
+                        help='the policy\'s options, e.g. \'{"aging": 2}\'')
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dict:
@@ -39,7 +54,7 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
     config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           enable_prefix_caching=args.enable_prefix_caching if enable_prefix_caching is None
-                          else enable_prefix_caching)
+                          else enable_prefix_caching, policy=args.policy, policy_options=args.policy_options)
     engine = Engine(config)
     # warm-up outside the clock: one tiny request
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -73,7 +88,7 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
     caching = engine.config.enable_prefix_caching
     name = "pagedserve-inprocess" if enable_prefix_caching is None else \
         f"pagedserve-inprocess (prefix caching {'on' if caching else 'off'})"
-    result = {"system": name, "num_steps": num_steps, "prefix_caching": caching,
+    result = {"system": name, "num_steps": num_steps, "prefix_caching": caching, "policy": config.policy,
               "prompt_tokens_computed": num_computed,
               **throughput_fields(wall, len(requests), num_output, sum(len(r.prompt_token_ids) for r in requests)),
               **latency_summary("ttft", ttft), **latency_summary("itl", itl),
@@ -83,6 +98,14 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.scheduler.policies.registry import configured_policy
+    from shared.config import ConfigError
+
+    try:
+        configured_policy(args.policy, args.policy_options)  # a bad name fails now, naming the field
+    except ConfigError as e:
+        print(f"bad config: {e}", file=sys.stderr)
+        return 2
     requests = load_workload(args.workload)
     if args.compare_prefix_caching:
         results = [run_engine(requests, args, True), run_engine(requests, args, False)]

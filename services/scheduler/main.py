@@ -34,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_policy(name: str, options_json: str = "{}"):
     """The installed policy `name` with its options; ConfigError naming the field."""
-    from services.scheduler.policies.registry import PolicyError
-    from services.scheduler.policies.registry import load_policy as load
+    from services.scheduler.policies.registry import configured_policy
 
     try:
         options = json.loads(options_json)
@@ -43,10 +42,7 @@ def load_policy(name: str, options_json: str = "{}"):
         raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: not JSON ({e})") from None
     if not isinstance(options, dict):
         raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: must be a JSON object")
-    try:
-        return load(name, options)
-    except PolicyError as e:
-        raise ConfigError(f"invalid config field 'policy'={name!r}: {e}") from None
+    return configured_policy(name, options)
 
 
 def _check(args: argparse.Namespace) -> None:

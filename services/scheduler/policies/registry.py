@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from services.scheduler.policy import PolicyError, SchedulingPolicy
+from shared.config import ConfigError
 
 GROUP = "pagedserve.policies"
 
@@ -53,3 +54,14 @@ def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
         raise
     except Exception as e:  # a plugin's own error: the command fails, never the scheduler
         raise PolicyError(f"policy {name!r} refused options {options}: {e}") from e
+
+
+def configured_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
+    """load_policy at start from config: ConfigError naming the field ('policy', or
+    'policy_options' when they are not a dict) instead of PolicyError."""
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"invalid config field 'policy_options'={options!r}: must be a JSON object")
+    try:
+        return load_policy(name, options)
+    except PolicyError as e:
+        raise ConfigError(f"invalid config field 'policy'={name!r}: {e}") from None
