@@ -105,7 +105,7 @@ class Generation:
         p = self.prepared
         return SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
                              prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
-                             priority=p.priority, tenant=p.tenant)
+                             priority=p.priority, tenant=p.tenant, cache_salt=p.cache_salt)
 
     def attach(self, queue: asyncio.Queue) -> None:
         """The queue its deltas arrive on: it is submitted now."""

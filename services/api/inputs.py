@@ -16,7 +16,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
 DEFAULT_CHAT_MAX_TOKENS = 1024  # chat: the rest of the context, capped at this
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
-MAX_N = 16  # choices per request on the OpenAI routes (one prefill, n forks); other routes: 1
+MAX_N = 16  # choices per request (one prefill, n forks)
+MAX_CACHE_SALT_CHARS = 256
 _INT64 = (-(2**63), 2**63 - 1)
 _CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -41,12 +42,14 @@ class Prepared:
     stop: list[str]
     priority: int = 0
     tenant: str | None = None
+    cache_salt: str = ""  # "" (none) shares prefix-cache blocks only with other unsalted requests
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
 
 
-def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo, max_n: int = 1) -> Prepared:
+def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo,
+            max_n: int = MAX_N) -> Prepared:
     """Validate and tokenize; raises ApiError for any bad input. max_n: the most choices
     (`n`) the calling route serves."""
     if not info.accepts(body.model):
@@ -76,7 +79,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     options = body.stream_options
     return Prepared(kind=kind, model=info.served_name, prompt_token_ids=prompt_ids, sampling=sampling,
                     stop=_stop_strings(body.stop), priority=_bounded(body.priority, "priority", *_INT64),
-                    tenant=body.user, stream=body.stream, include_usage=bool(options and options.include_usage),
+                    tenant=body.user, cache_salt=_cache_salt(body.cache_salt), stream=body.stream, include_usage=bool(options and options.include_usage),
                     continuous_usage=bool(options and options.continuous_usage_stats))
 
 
@@ -191,6 +194,15 @@ def _stop_strings(stop: str | list[str] | None) -> list[str]:
     if len(stops) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
     return [s for s in stops if s]
+
+
+def _cache_salt(salt: str | None) -> str:
+    if salt is None:
+        return ""
+    if not salt or len(salt) > MAX_CACHE_SALT_CHARS:
+        raise ApiError(400, f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters, "
+                       f"got {len(salt)}", param="cache_salt")
+    return salt
 
 
 def _bounded(value: int | None, name: str, low: int, high: int) -> int | None:

@@ -60,6 +60,7 @@ class _Sampling(_Body):
     n: int = 1
     priority: int = 0
     user: str | None = None
+    cache_salt: str | None = None  # vLLM's name: only requests with the same salt share cached prefix blocks
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

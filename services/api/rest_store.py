@@ -3,6 +3,10 @@
 Each record is driven to its end by a task of its own, whoever is watching; followers
 (GET .../stream) replay what it has so far and then get each change. Finished records are
 kept for a while, bounded in count and age, so a poll after the end still answers.
+
+A record is the request's Choices (`n` >= 1 sequences); its snapshot has `choices` (index,
+text, token_ids, finish_reason of each) and, for n == 1, that one choice's fields at the
+top level too.
 """
 
 from __future__ import annotations
@@ -12,13 +16,24 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
-from services.api.generation import Generation, Output
+from services.api.choices import Choices
+from services.api.generation import Output
+
+
+async def _never_disconnected() -> bool:
+    return False  # a REST request outlives its client: only DELETE aborts it
+
+
+def merged(outputs: list[Output]) -> Output:
+    """Several outputs of one choice as one; the last one's finish reason."""
+    return Output("".join(o.text for o in outputs), [t for o in outputs for t in o.token_ids],
+                  [lp for o in outputs for lp in o.logprobs], outputs[-1].finish_reason)
 
 
 class RestRecord:
-    def __init__(self, gen: Generation):
-        self.gen = gen
-        self.outputs: list[Output] = []
+    def __init__(self, choices: Choices):
+        self.choices = choices
+        self.outputs: list[tuple[int, Output]] = []  # (choice index, output), as they came
         self.finished_at: float | None = None
         self._changed = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -29,15 +44,20 @@ class RestRecord:
 
     @property
     def status(self) -> str:
-        if self.gen.finished:
-            return "aborted" if self.gen.finish_reason == "abort" else "finished"
-        return "running" if self.gen.started else "queued"
+        gens = self.choices.gens
+        if all(gen.finished for gen in gens):
+            return "aborted" if any(gen.finish_reason == "abort" for gen in gens) else "finished"
+        return "running" if any(gen.started for gen in gens) else "queued"
 
     def snapshot(self) -> dict:
-        gen = self.gen
-        return {"request_id": gen.request_id, "object": "request", "created": gen.created, "model": gen.prepared.model,
-                "status": self.status, "text": gen.text, "token_ids": list(gen.token_ids),
-                "finish_reason": gen.finish_reason, "usage": gen.usage()}
+        c = self.choices
+        per_choice = [{"index": i, "text": gen.text, "token_ids": list(gen.token_ids),
+                       "finish_reason": gen.finish_reason} for i, gen in enumerate(c.gens)]
+        body = {"request_id": c.request_id, "object": "request", "created": c.created, "model": c.prepared.model,
+                "status": self.status}
+        if len(per_choice) == 1:
+            body.update({k: per_choice[0][k] for k in ("text", "token_ids", "finish_reason")})
+        return {**body, "choices": per_choice, "usage": c.usage()}
 
     def _notify(self) -> None:
         event, self._changed = self._changed, asyncio.Event()
@@ -45,26 +65,28 @@ class RestRecord:
 
     async def drive(self) -> None:
         try:
-            while (out := await self.gen.next()) is not None:
-                self.outputs.append(out)
+            async for index, out in self.choices.outputs(_never_disconnected):
+                self.outputs.append((index, out))
                 self._notify()
         finally:
-            self.gen.close("api shutdown")
-            if not self.outputs or self.outputs[-1].finish_reason is None:
-                self.outputs.append(Output("", [], finish_reason=self.gen.finish_reason))
+            self.choices.close("api shutdown")
+            ended = {index for index, out in self.outputs if out.finish_reason is not None}
+            for index, gen in enumerate(self.choices.gens):
+                if index not in ended:
+                    self.outputs.append((index, Output("", [], finish_reason=gen.finish_reason)))
             self.finished_at = time.monotonic()
             self._notify()
 
-    async def follow(self) -> AsyncIterator[Output]:
-        """Everything so far as one Output, then one merged Output per change; the last
-        one carries the finish reason."""
-        index = 0
+    async def follow(self) -> AsyncIterator[tuple[int, Output]]:
+        """Everything so far as one Output per choice, then one merged Output per choice
+        per change; a choice's last one carries its finish reason."""
+        seen = 0
         while True:
             changed = self._changed
-            if index < len(self.outputs):
-                pending, index = self.outputs[index:], len(self.outputs)
-                yield Output("".join(o.text for o in pending), [t for o in pending for t in o.token_ids],
-                             [lp for o in pending for lp in o.logprobs], pending[-1].finish_reason)
+            if seen < len(self.outputs):
+                pending, seen = self.outputs[seen:], len(self.outputs)
+                for index in dict.fromkeys(i for i, _ in pending):  # in order of first appearance
+                    yield index, merged([out for i, out in pending if i == index])
                 continue
             if self.done:
                 return
@@ -80,12 +102,12 @@ class RestStore:
     def __len__(self) -> int:
         return len(self._records)
 
-    def add(self, gen: Generation) -> RestRecord:
-        """Track a started generation and drive it to its end in the background."""
+    def add(self, choices: Choices) -> RestRecord:
+        """Track a started request and drive it to its end in the background."""
         self.prune()
-        record = RestRecord(gen)
-        self._records[gen.request_id] = record
-        record.task = asyncio.create_task(record.drive(), name=f"rest-{gen.request_id}")
+        record = RestRecord(choices)
+        self._records[choices.request_id] = record
+        record.task = asyncio.create_task(record.drive(), name=f"rest-{choices.request_id}")
         record.task.add_done_callback(lambda _t: self.prune())
         return record
 
@@ -104,6 +126,6 @@ class RestStore:
     async def close(self) -> None:
         tasks = [r.task for r in self._records.values() if r.task is not None and not r.task.done()]
         for record in self._records.values():
-            record.gen.abort("api shutdown")
+            record.choices.close("api shutdown")
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import redis
 
@@ -58,6 +59,9 @@ class ApiProcess:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=kwargs.pop("timeout", 60.0),
                             **kwargs)
+
+    def ws_url(self, path: str) -> str:
+        return self.base_url.replace("http://", "ws://") + path
 
     def wait_healthy(self) -> None:
         def healthy():
@@ -125,6 +129,13 @@ def stack_api(backend: ServiceStack, tmp_path_factory):
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture(scope="module")
+def oai(stack_api):
+    """The official openai client on stack_api."""
+    with openai.OpenAI(base_url=stack_api.base_url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 @pytest.hookimpl(hookwrapper=True)

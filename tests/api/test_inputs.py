@@ -46,7 +46,7 @@ BAD_BODIES = [
     ({"prompt": "hi", "max_tokens": 8192}, 400, "context_length_exceeded"),
     ({"prompt": [5] * 8000, "max_tokens": 200}, 400, "context_length_exceeded"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
-    ({"prompt": "hi", "n": 17}, 400, None),  # above MAX_N (OpenAI routes), above 1 (the others)
+    ({"prompt": "hi", "n": 17}, 400, None),  # above MAX_N
     ({"prompt": "hi", "n": 2, "seed": 2**63 - 1}, 400, None),  # choice 1 would need seed + 1
     ({"prompt": "hi", "n": 0}, 400, "invalid_value"),
     ({"prompt": "hi", "best_of": 3}, 400, "unsupported"),
@@ -63,6 +63,10 @@ BAD_BODIES = [
     ({"prompt": "hi", "stop": [1, 2]}, 400, "invalid_type"),
     ({"prompt": "hi", "seed": 2**70}, 400, None),
     ({"prompt": "hi", "logit_bias": {"5": 1.0}}, 400, "unsupported"),
+    ({"prompt": "hi", "cache_salt": 7}, 400, "invalid_type"),
+    ({"prompt": "hi", "cache_salt": ["a"]}, 400, "invalid_type"),
+    ({"prompt": "hi", "cache_salt": ""}, 400, None),
+    ({"prompt": "hi", "cache_salt": "s" * 257}, 400, None),
     ({"messages": []}, 400, "empty_prompt"),
     ({"messages": "hi"}, 400, "invalid_type"),
     ({"messages": [{"content": "hi"}]}, 400, "missing_field"),
@@ -139,12 +143,27 @@ def test_unknown_fields_are_ignored(tokenizer):
     assert p.sampling.max_tokens == 3
 
 
-def test_n_choices_on_the_openai_routes_only(tokenizer):
+def test_n_choices_up_to_max_n(tokenizer):
     from services.api.inputs import MAX_N
 
     body = parse_body(json.dumps({"prompt": "hi", "n": 3, "seed": 5, "temperature": 0.7}).encode())
-    sampling = prepare(body, tokenizer, INFO, MAX_N).sampling
+    sampling = prepare(body, tokenizer, INFO).sampling  # every route serves up to MAX_N choices
     assert (sampling.n, sampling.seed) == (3, 5)  # choice i samples with seed + i (shared/parallel_sampling.py)
+    assert MAX_N == 16 and prepare(parse_body(b'{"prompt": "hi", "n": 16}'), tokenizer, INFO).sampling.n == 16
     with pytest.raises(ApiError) as info:
-        prepare(body, tokenizer, INFO)  # the REST and WebSocket routes serve one sequence
+        prepare(body, tokenizer, INFO, max_n=1)  # a route that serves one sequence
     assert (info.value.status, info.value.code, info.value.param) == (400, "unsupported", "n")
+
+
+def test_cache_salt_is_bounded_and_prepared(tokenizer):
+    from services.api.inputs import MAX_CACHE_SALT_CHARS
+
+    assert _prepare(tokenizer, {"prompt": "hi"}).cache_salt == ""  # none: shared with every unsalted request
+    salt = "s" * MAX_CACHE_SALT_CHARS
+    assert _prepare(tokenizer, {"prompt": "hi", "cache_salt": salt}).cache_salt == salt
+    assert _prepare(tokenizer, {"messages": CHAT, "cache_salt": "tenant-b"}).cache_salt == "tenant-b"
+    for bad, message in (("", "got 0"), (salt + "s", f"got {MAX_CACHE_SALT_CHARS + 1}")):
+        error = _error(tokenizer, {"prompt": "hi", "cache_salt": bad})
+        assert (error.status, error.param) == (400, "cache_salt") and message in error.message
+    error = _error(tokenizer, {"prompt": "hi", "cache_salt": 7})
+    assert (error.status, error.code, error.param) == (400, "invalid_type", "cache_salt")
