@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 MAX_WAITING = 8
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(6)]
 LONG = {"max_tokens": 60, "ignore_eos": True, "temperature": 0}  # runs for a while: the queue fills
+# runs until deleted: no running request finishes (and lets a waiting one in) mid-test
+UNENDING = {"max_tokens": 2000, "ignore_eos": True, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,20 @@ def api(backend, tmp_path_factory):
 def client(api, backend):
     with api.client(timeout=300) as c:
         yield c
+    _wait_idle(backend)
+
+
+@pytest.fixture
+def unlimited_client(backend, tmp_path_factory):
+    """A second api on the same stack without per-request limits, so requests can run
+    long enough that none finishes (and lets a waiting one in) while a test looks."""
+    process = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix)
+    try:
+        process.wait_healthy()
+        with process.client(timeout=300) as c:
+            yield c
+    finally:
+        process.close()
     _wait_idle(backend)
 
 
@@ -101,11 +117,12 @@ def test_per_request_limits_answer_400_naming_the_limit(client):
     assert response.status_code == 400 and "max_prompt_tokens=200" in response.json()["error"]["message"]
 
 
-def test_a_full_queue_answers_429_before_any_stream_and_fair_still_admits_another_tenant(client):
+def test_a_full_queue_answers_429_before_any_stream_and_fair_still_admits_another_tenant(unlimited_client):
+    client = unlimited_client
     accepted = []
     try:
         def flood() -> httpx.Response:
-            response = client.post("/v1/requests", json={"prompt": "Tell me a long story.", "user": "flood", **LONG})
+            response = client.post("/v1/requests", json={"prompt": "Tell me a long story.", "user": "flood", **UNENDING})
             if response.status_code == 202:
                 accepted.append(response.json()["request_id"])
             return response
@@ -113,12 +130,12 @@ def test_a_full_queue_answers_429_before_any_stream_and_fair_still_admits_anothe
         refused = wait_for(lambda: (r := flood()).status_code == 429 and r, 120, "a 429")
         assert refused.headers["Retry-After"].isdigit() and refused.json()["error"]["code"] == "queue_full"
         assert len(accepted) >= MAX_WAITING  # 2 running + 8 waiting fit
-        stream = client.post("/v1/completions", json={"prompt": "hi", "stream": True, "user": "flood", **LONG})
+        stream = client.post("/v1/completions", json={"prompt": "hi", "stream": True, "user": "flood", **UNENDING})
         assert stream.status_code == 429 and stream.headers["content-type"].startswith("application/json")
-        other = client.post("/v1/requests", json={"prompt": "hi", "user": "other", **LONG})
+        other = client.post("/v1/requests", json={"prompt": "hi", "user": "other", **UNENDING})
         assert other.status_code == 429  # fcfs: the queue is full for everyone
         assert _set_policy(client, "fair").status_code == 200
-        ok = wait_for(lambda: (r := client.post("/v1/requests", json={"prompt": "hi", "user": "other", **LONG}))
+        ok = wait_for(lambda: (r := client.post("/v1/requests", json={"prompt": "hi", "user": "other", **UNENDING}))
                       .status_code == 202 and r, 30, "fair to admit another tenant")
         accepted.append(ok.json()["request_id"])
         assert flood().status_code == 429  # the flooder is still over its share

@@ -208,12 +208,14 @@ def test_non_streaming_client_hanging_up_frees_blocks(stack_api, backend):
 
 def test_leaving_while_queued_frees_everything(stack_api, backend, tokenizer):
     """A request that fills most of the pool runs; a second one cannot be admitted and
-    waits; its client hangs up while it is queued; then the first one's client leaves."""
+    waits; its client hangs up while it is queued; then the first one's client leaves. The
+    second prompt shares no prefix with the first, so the prefix cache cannot admit it."""
     big_prompt = tokenizer.encode("word " * 3300)[:3300]
+    other_prompt = tokenizer.encode("other " * 1500)[:1500]
 
     def hang_up_while_queued():
         with stack_api.client(timeout=httpx.Timeout(60.0, read=5.0)) as c2, pytest.raises(httpx.ReadTimeout):
-            c2.post("/v1/completions", json={"prompt": big_prompt[:1500], **LONG})
+            c2.post("/v1/completions", json={"prompt": other_prompt, **LONG})
 
     with stack_api.client() as c, c.stream("POST", "/v1/completions",
                                            json={"prompt": big_prompt, "stream": True, **LONG}) as r:
