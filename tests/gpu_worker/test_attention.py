@@ -97,17 +97,19 @@ def steps(draw):
 @settings(max_examples=30, deadline=None)
 @given(steps())
 def test_random_layouts_match_reference(step):
-    check_against_reference(TorchPagedBackend(), *make_step(**step))
+    for use_kernel in (False, True):
+        check_against_reference(TorchPagedBackend(use_kernel), *make_step(**step))
 
 
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["sdpa-decodes", "cpu-kernel-decodes"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_real_model_shape_mixed_batch(dtype):
+def test_real_model_shape_mixed_batch(dtype, use_kernel):
     # 9 query heads over 3 kv heads, head_dim 64, block_size 16: decodes with contexts ending
     # mid-block, a chunk after cached context, a fresh prefill, and a shared prefix
     requests = [(1, 200), (1, 137), (1, 1), (1, 16), (1, 17), (37, 100), (20, 20), (1, 63)]
     step = make_step(requests, block_size=16, num_heads=9, num_kv_heads=3, head_dim=64, dtype=dtype,
                      shared_blocks=8, seed=3)
-    check_against_reference(TorchPagedBackend(), *step)
+    check_against_reference(TorchPagedBackend(use_kernel), *step)
 
 
 @pytest.mark.parametrize("pad_tokens", [0, 1 << 30])
@@ -117,11 +119,12 @@ def test_decode_buckets_one_per_length_or_one_for_all(monkeypatch, pad_tokens):
     requests = [(1, rng.randint(1, 300)) for _ in range(24)] + [(5, 9)]
     step = make_step(requests, block_size=4, num_heads=6, num_kv_heads=2, head_dim=16,
                      dtype=torch.float32, seed=7)
-    check_against_reference(TorchPagedBackend(), *step)
+    check_against_reference(TorchPagedBackend(use_kernel=False), *step)
 
 
-def test_plan_reused_across_layers_and_rebuilt_for_a_new_step():
-    backend = TorchPagedBackend()
+@pytest.mark.parametrize("use_kernel", [False, True])
+def test_plan_reused_across_layers_and_rebuilt_for_a_new_step(use_kernel):
+    backend = TorchPagedBackend(use_kernel)
     shape = dict(block_size=4, num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.float32)
     meta, cache, q, k, v = make_step([(1, 9), (6, 13), (1, 30)], seed=1, **shape)
     other_layer = make_step([(1, 9), (6, 13), (1, 30)], seed=2, **shape)[1]
@@ -130,14 +133,15 @@ def test_plan_reused_across_layers_and_rebuilt_for_a_new_step():
     check_against_reference(backend, *make_step([(3, 3), (1, 50)], seed=4, **shape))  # next step
 
 
-def test_strided_views_and_custom_scale():
+@pytest.mark.parametrize("use_kernel", [False, True])
+def test_strided_views_and_custom_scale(use_kernel):
     # the model hands q/k/v as views of one fused projection output
     meta, cache, q, k, v = make_step([(1, 21), (7, 12)], block_size=4, num_heads=4, num_kv_heads=2,
                                      head_dim=16, dtype=torch.float32, seed=5)
     fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
     q2, k2, v2 = (t.view(t.shape[0], -1, 16) for t in fused.split([64, 32, 32], dim=1))
     assert not q2.is_contiguous()
-    check_against_reference(TorchPagedBackend(), meta, cache, q2, k2, v2, scale=0.3)
+    check_against_reference(TorchPagedBackend(use_kernel), meta, cache, q2, k2, v2, scale=0.3)
 
 
 def test_write_kv_converts_to_cache_dtype():
@@ -148,6 +152,16 @@ def test_write_kv_converts_to_cache_dtype():
     ReferenceBackend().write_kv(k, v, expected, meta)
     TorchPagedBackend().write_kv(k, v, cache, meta)
     assert torch.equal(cache, expected)
+
+
+def test_the_cpu_kernel_decodes_in_one_call_without_buckets():
+    meta, cache, q, k, v = make_step([(1, 40), (1, 3), (4, 9)], block_size=4, num_heads=4, num_kv_heads=2,
+                                     head_dim=16, dtype=torch.float32, seed=8)
+    backend = TorchPagedBackend(use_kernel=True)
+    check_against_reference(backend, meta, cache, q, k, v)
+    plan = backend._plan
+    assert plan.decodes == [] and plan.kernel_decodes.token_idx.tolist() == [0, 1]
+    assert plan.kernel_decodes.seq_lens.tolist() == [40, 3] and len(plan.prefills) == 1
 
 
 def test_get_backend_by_name():

@@ -101,16 +101,18 @@ def dense_prefill(q_len: int, seq_len: int, dtype: torch.dtype):
 def run_case(query_lens, seq_lens, dtype, rng, repeat) -> dict[str, tuple[float, float]]:
     meta, cache, q, k, v = make_step(query_lens, seq_lens, dtype, rng)
     scale = HEAD_DIM**-0.5
-    backend = TorchPagedBackend()
+    backend = TorchPagedBackend()  # the C++ decode kernel where it loads (float32)
+    sdpa_backend = TorchPagedBackend(use_kernel=False)
     decodes = [s for ql, s in zip(query_lens, seq_lens, strict=True) if ql == 1]
     prefills = [dense_prefill(ql, s, dtype) for ql, s in zip(query_lens, seq_lens, strict=True) if ql > 1]
-    variants = {"paged": lambda: backend.attend(q, cache, meta, scale)}
+    variants = {"paged": lambda: backend.attend(q, cache, meta, scale),
+                "paged sdpa": lambda: sdpa_backend.attend(q, cache, meta, scale)}
     dense_kinds = {"dense padded": dense_decode_padded, "dense exact": dense_decode_exact}
     for name, make in dense_kinds.items():
         parts = ([make(decodes, dtype)] if decodes else []) + prefills
         variants[name] = lambda parts=parts: [part() for part in parts]
     if decodes:
-        one_bucket = TorchPagedBackend()
+        one_bucket = TorchPagedBackend(use_kernel=False)
         saved, torch_paged.PAD_TOKENS_PER_CALL = torch_paged.PAD_TOKENS_PER_CALL, 1 << 30
         one_bucket._plan = torch_paged._build_plan(meta, BLOCK_SIZE)  # reused: same meta object
         torch_paged.PAD_TOKENS_PER_CALL = saved
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         ("prefill 512 after 512 cached", [512], [1024]),
         ("mixed: 64 decodes + prefill 512", [1] * 64 + [512], decode_lens + [512]),
     ]
-    columns = ["paged", "dense padded", "dense exact", "paged 1 bucket", "write_kv", "plan"]
+    columns = ["paged", "paged sdpa", "dense padded", "dense exact", "paged 1 bucket", "write_kv", "plan"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; heads {NUM_HEADS}/{NUM_KV_HEADS}, "
           f"head_dim {HEAD_DIM}, block_size {BLOCK_SIZE}; ms per layer call, min / median of {args.repeat}")
     print(f"{'case':32s} {'dtype':8s}" + "".join(f"{c:>16s}" for c in columns))

@@ -1,7 +1,9 @@
 """Paged attention in plain torch: the CPU serving path.
 
 attend() splits the step's ragged batch in two (see metadata.py for the batch semantics):
-- decodes (query_len 1) are sorted by context length and cut into a few buckets; each bucket
+- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.py; float32), run in one
+  call that reads K/V where they lie in the pool, no gather and no padding. Otherwise they
+  are sorted by context length and cut into a few buckets; each bucket
   gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
   scaled_dot_product_attention with a key-padding mask. GQA costs no copy: the group's query
   heads become the query rows, q [b, Hkv, group, D] against k [b, Hkv, L, D].
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from services.gpu_worker.attention import cpu_decode
 from services.gpu_worker.attention.metadata import AttentionMetadata
 
 # A new decode bucket is opened once the padding the next request would add to the current
@@ -50,6 +53,15 @@ class _DecodeBucket:
 
 
 @dataclass
+class _KernelDecodes:
+    """Every decode of the step for the C++ kernel (cpu_decode.cpp): no buckets, no padding."""
+
+    token_idx: torch.Tensor  # int64 [R]
+    block_tables: torch.Tensor  # int32 [R, max_blocks], contiguous
+    seq_lens: torch.Tensor  # int32 [R]
+
+
+@dataclass
 class _Prefill:
     start: int  # flat token range [start, start + q_len)
     q_len: int
@@ -62,7 +74,9 @@ class _Prefill:
 class _Plan:
     meta: AttentionMetadata  # held so that its id cannot be reused by a later step's metadata
     block_size: int
+    use_kernel: bool  # built for the C++ decode kernel
     decodes: list[_DecodeBucket]
+    kernel_decodes: _KernelDecodes | None  # set when the C++ kernel is loaded; then decodes is empty
     prefills: list[_Prefill]
     workspace_rows: int  # most blocks any single gather needs
 
@@ -89,7 +103,7 @@ def _bucket_decodes(requests: list[int], seq_lens: list[int], block_size: int) -
     return buckets
 
 
-def _build_plan(meta: AttentionMetadata, block_size: int) -> _Plan:
+def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = False) -> _Plan:
     q_lens, s_lens = meta.query_lens_cpu, meta.seq_lens_cpu
     starts = [0]
     for q in q_lens:
@@ -98,6 +112,14 @@ def _build_plan(meta: AttentionMetadata, block_size: int) -> _Plan:
     device = meta.block_tables.device
     decodes, prefills, rows = [], [], 1
     decode_reqs = [i for i, q in enumerate(q_lens) if q == 1]
+    kernel_decodes = None
+    if use_kernel and decode_reqs:
+        idx = torch.tensor(decode_reqs, dtype=torch.int64)
+        kernel_decodes = _KernelDecodes(
+            token_idx=torch.tensor([starts[i] for i in decode_reqs], dtype=torch.int64),
+            block_tables=meta.block_tables.index_select(0, idx).contiguous(),
+            seq_lens=torch.tensor([s_lens[i] for i in decode_reqs], dtype=torch.int32))
+        decode_reqs = []
     for bucket in _bucket_decodes(decode_reqs, s_lens, block_size):
         nb = _blocks_for(max(s_lens[i] for i in bucket), block_size)
         idx = torch.tensor(bucket, dtype=torch.int64)
@@ -119,13 +141,17 @@ def _build_plan(meta: AttentionMetadata, block_size: int) -> _Plan:
             mask = (torch.arange(s)[None, :] <= torch.arange(s - q, s)[:, None]).to(device)
         prefills.append(_Prefill(starts[i], q, s, tables[i, :nb].to(device), mask))
         rows = max(rows, nb)
-    return _Plan(meta, block_size, decodes, prefills, rows)
+    return _Plan(meta, block_size, use_kernel, decodes, kernel_decodes, prefills, rows)
 
 
 class TorchPagedBackend:
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, use_kernel: bool | None = None) -> None:
+        """use_kernel: decode with the C++ kernel when it loads (None: unless disabled)."""
+        self._kernel = cpu_decode.load() if use_kernel is not False else None
+        if use_kernel and self._kernel is None:
+            raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
         self._plan: _Plan | None = None
         self._workspace: torch.Tensor | None = None  # flat, grow-only, reused by every layer
 
@@ -139,11 +165,16 @@ class TorchPagedBackend:
         _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
         num_heads = query.shape[1]
         group = num_heads // num_kv_heads
-        plan = self._plan_for(meta, block_size)
+        kernel = self._kernel if self._kernel_fits(query, kv_cache) else None
+        plan = self._plan_for(meta, block_size, kernel is not None)
         # per block one contiguous row of block_size * Hkv * D elements: K at [0], V at [1]
         by_block = kv_cache.view(2, num_blocks, -1)
         ws = self._workspace_for(2 * plan.workspace_rows * by_block.shape[2], kv_cache)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
+        if plan.kernel_decodes is not None:
+            d = plan.kernel_decodes
+            query = query.contiguous()
+            kernel.paged_decode_attention(out, query, kv_cache, d.block_tables, d.seq_lens, d.token_idx, scale)
         for b in plan.decodes:
             n = b.token_idx.numel()
             kv = self._gather(by_block, b.block_ids, ws).view(2, n, -1, num_kv_heads, head_dim)
@@ -162,10 +193,14 @@ class TorchPagedBackend:
             out[p.start : p.start + p.q_len] = o.permute(2, 0, 1, 3).reshape(p.q_len, num_heads, head_dim)
         return out
 
-    def _plan_for(self, meta: AttentionMetadata, block_size: int) -> _Plan:
+    def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        return (self._kernel is not None and query.device.type == "cpu" and query.dtype == torch.float32
+                and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous())
+
+    def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool) -> _Plan:
         plan = self._plan
-        if plan is None or plan.meta is not meta or plan.block_size != block_size:
-            plan = self._plan = _build_plan(meta, block_size)
+        if plan is None or plan.meta is not meta or plan.block_size != block_size or plan.use_kernel != use_kernel:
+            plan = self._plan = _build_plan(meta, block_size, use_kernel)
         return plan
 
     def _workspace_for(self, numel: int, like: torch.Tensor) -> torch.Tensor:
