@@ -10,13 +10,11 @@ scheduler answers. /admin routes need the API key when one is set (edge.AuthMidd
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 
 from services.api.edge import read_body, state_of
 from services.api.loop import RedisUnavailable
-from services.api.protocol import ApiError
+from services.api.protocol import ApiError, parse_json_object
 
 router = APIRouter()
 MAX_BODY_BYTES = 16 << 10
@@ -48,12 +46,7 @@ async def set_policy(request: Request) -> dict:
 
 
 def _parse(raw: bytes) -> tuple[str, dict]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    body = parse_json_object(raw)
     name, options = body.get("name"), body.get("options", {})
     if not isinstance(name, str) or not name:
         raise ApiError(400, "'name' must be the name of an installed policy (see `pagedserve policies`)",

@@ -92,18 +92,24 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
 
 
-def parse_body(raw: bytes | str, cls: type[_Body] | None = None) -> _Body:
-    """JSON bytes -> a request model; `cls` None picks chat when "messages" is present.
-
-    Raises ApiError(400) for malformed JSON, a body that is not an object, or a field of the
-    wrong type, naming the field.
-    """
+def parse_json_object(raw: bytes | str) -> dict:
+    """JSON bytes -> a dict; ApiError(400) for malformed JSON or a body that is not an object."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_body(raw: bytes | str, cls: type[_Body] | None = None) -> _Body:
+    """JSON bytes -> a request model; `cls` None picks chat when "messages" is present.
+
+    Raises ApiError(400) for malformed JSON, a body that is not an object, or a field of the
+    wrong type, naming the field.
+    """
+    data = parse_json_object(raw)
     if cls is None:
         cls = ChatCompletionRequest if "messages" in data else CompletionRequest
     try:
