@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
+from services.gpu_worker.linear import PackedLinear
 from services.gpu_worker.model_config import ModelConfig
 from services.gpu_worker.rotary_embedding import RotaryEmbedding
 
@@ -50,13 +51,19 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
+        self.pack_weights(pack=False)
+
+    def pack_weights(self, pack: bool = True) -> None:
+        """(Re)build the projections from the current parameters: call after loading them."""
+        self.qkv, self.o, self.gate_up, self.down = (
+            PackedLinear(w, pack) for w in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj))
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
         """hidden [T, hidden_size] -> [T, hidden_size]."""
         num_tokens = hidden.shape[0]
         residual = hidden
         h = self.input_layernorm(hidden)
-        qkv = F.linear(h, self.qkv_proj)  # [T, (H + 2 Hkv) * D]
+        qkv = self.qkv(h)  # [T, (H + 2 Hkv) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -64,10 +71,10 @@ class LlamaDecoderLayer(torch.nn.Module):
         q, k = rotary(positions, q, k)
         backend.write_kv(k, v, kv_cache, meta)
         attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
-        h = residual + F.linear(attn.reshape(num_tokens, self.q_size), self.o_proj)
+        h = residual + self.o(attn.reshape(num_tokens, self.q_size))
         residual = h
-        gate, up = F.linear(self.post_attention_layernorm(h), self.gate_up_proj).chunk(2, dim=-1)
-        return residual + F.linear(F.silu(gate) * up, self.down_proj)
+        gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return residual + self.down(F.silu(gate) * up)
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -84,6 +91,15 @@ class LlamaForCausalLM(torch.nn.Module):
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         )
+        self.pack_weights(pack=False)  # the parameters are not loaded yet
+
+    def pack_weights(self, pack: bool = True) -> None:
+        """Pack every projection for the current parameters. load_state_dict_canonical calls
+        it; call it again after changing parameters by hand or moving the model (a packed
+        weight is a copy: it does not follow the parameter)."""
+        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, pack)
+        for layer in self.layers:
+            layer.pack_weights(pack)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
@@ -116,8 +132,7 @@ class LlamaForCausalLM(torch.nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] (only the rows to sample) -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        return self.head(hidden).float()
 
     @torch.no_grad()
     def load_state_dict_canonical(self, state: dict[str, torch.Tensor]) -> None:
@@ -147,6 +162,7 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.down_proj.copy_(state[mlp + "down_proj.weight"])
             layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
+        self.pack_weights()
 
 
 def canonical_names(config: ModelConfig) -> list[str]:

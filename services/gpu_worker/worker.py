@@ -42,7 +42,7 @@ class Worker:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         started = time.perf_counter()
-        self.model = build_model(config.model, self.dtype).to(self.device)
+        self.model = build_model(config.model, self.dtype, self.device)
         self.model_config = self.model.config
         self.backend = get_backend(self._backend_name())
         self.block_size = config.block_size

@@ -154,9 +154,11 @@ def test_write_kv_converts_to_cache_dtype():
     assert torch.equal(cache, expected)
 
 
-def test_the_cpu_kernel_decodes_in_one_call_without_buckets():
-    meta, cache, q, k, v = make_step([(1, 40), (1, 3), (4, 9)], block_size=4, num_heads=4, num_kv_heads=2,
-                                     head_dim=16, dtype=torch.float32, seed=8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_kernel_decodes_in_one_call_without_buckets(dtype):
+    # 6 query heads over 2 kv heads: each kernel work item carries a group of 3
+    meta, cache, q, k, v = make_step([(1, 40), (1, 3), (4, 9)], block_size=4, num_heads=6, num_kv_heads=2,
+                                     head_dim=16, dtype=dtype, seed=8)
     backend = TorchPagedBackend(use_kernel=True)
     check_against_reference(backend, meta, cache, q, k, v)
     plan = backend._plan

@@ -1,7 +1,7 @@
 """Paged attention in plain torch: the CPU serving path.
 
 attend() splits the step's ragged batch in two (see metadata.py for the batch semantics):
-- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.py; float32), run in one
+- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.py; float32 or bfloat16), run in one
   call that reads K/V where they lie in the pool, no gather and no padding. Otherwise they
   are sorted by context length and cut into a few buckets; each bucket
   gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
@@ -194,8 +194,8 @@ class TorchPagedBackend:
         return out
 
     def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        return (self._kernel is not None and query.device.type == "cpu" and query.dtype == torch.float32
-                and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous())
+        return (self._kernel is not None and query.device.type == "cpu" and query.dtype == kv_cache.dtype
+                and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous())
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool) -> _Plan:
         plan = self._plan
