@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.gpu_worker import cpu_extensions
 from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
 from services.gpu_worker.linear import PackedLinear
 from services.gpu_worker.model_config import ModelConfig
@@ -29,8 +30,13 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = _param(size, dtype=dtype, device=device)
+        self.fused = None  # the fused CPU kernels (cpu_fused.cpp) where prepare() chose them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            out = torch.empty_like(x)
+            self.fused.rms_norm(out, x, self.weight, self.eps)
+            return out
         # statistics in float32 whatever the dtype, weight applied after casting back (as HF)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -51,12 +57,14 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
-        self.pack_weights(pack=False)
+        self.prepare(None, pack=False)
 
-    def pack_weights(self, pack: bool = True) -> None:
-        """(Re)build the projections from the current parameters: call after loading them."""
+    def prepare(self, fused, pack: bool = True) -> None:
+        """(Re)build the projections from the current parameters and take the fused kernels
+        (None: plain torch ops); LlamaForCausalLM.prepare calls it."""
         self.qkv, self.o, self.gate_up, self.down = (
             PackedLinear(w, pack) for w in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj))
+        self.fused = self.input_layernorm.fused = self.post_attention_layernorm.fused = fused
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
         """hidden [T, hidden_size] -> [T, hidden_size]."""
@@ -68,13 +76,22 @@ class LlamaDecoderLayer(torch.nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, q, k, self.fused)
         backend.write_kv(k, v, kv_cache, meta)
         attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
-        h = residual + self.o(attn.reshape(num_tokens, self.q_size))
-        residual = h
-        gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
-        return residual + self.down(F.silu(gate) * up)
+        attn_out = self.o(attn.reshape(num_tokens, self.q_size))
+        if self.fused is None:
+            h = residual + attn_out
+            gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+            return h + self.down(F.silu(gate) * up)
+        # the same ops fused: h = attn_out + residual (in attn_out's buffer) and its norm
+        h, normed = attn_out, torch.empty_like(residual)
+        self.fused.add_rms_norm(normed, h, residual, self.post_attention_layernorm.weight,
+                                self.post_attention_layernorm.eps)
+        gate_up = self.gate_up(normed)  # [T, 2 I]
+        act = torch.empty(num_tokens, gate_up.shape[1] // 2, dtype=h.dtype)
+        self.fused.silu_and_mul(act, gate_up)
+        return h + self.down(act)
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -91,15 +108,19 @@ class LlamaForCausalLM(torch.nn.Module):
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         )
-        self.pack_weights(pack=False)  # the parameters are not loaded yet
+        self.prepare(optimized=False)  # the parameters are not loaded yet
 
-    def pack_weights(self, pack: bool = True) -> None:
-        """Pack every projection for the current parameters. load_state_dict_canonical calls
-        it; call it again after changing parameters by hand or moving the model (a packed
-        weight is a copy: it does not follow the parameter)."""
-        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, pack)
+    def prepare(self, optimized: bool = True) -> None:
+        """Pack every projection for the current parameters and, for bf16 on the CPU, take
+        the fused kernels (cpu_fused.cpp). load_state_dict_canonical calls it; call it again
+        after changing parameters by hand or moving the model (a packed weight is a copy:
+        it does not follow the parameter). optimized=False: plain torch ops throughout."""
+        on_cpu_bf16 = self.embed_tokens.device.type == "cpu" and self.dtype == torch.bfloat16
+        fused = cpu_extensions.load("fused") if optimized and on_cpu_bf16 else None
+        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized)
+        self.norm.fused = fused
         for layer in self.layers:
-            layer.pack_weights(pack)
+            layer.prepare(fused, optimized)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
@@ -162,7 +183,7 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.down_proj.copy_(state[mlp + "down_proj.weight"])
             layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
-        self.pack_weights()
+        self.prepare()
 
 
 def canonical_names(config: ModelConfig) -> list[str]:

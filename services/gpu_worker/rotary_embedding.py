@@ -50,13 +50,18 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", angles.sin().to(device), persistent=False)
 
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, fused=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated, same shapes/dtype.
 
         Dims i and i + D/2 form a pair: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
-        the cos/sin cast to the activations' dtype first as transformers does.
+        the cos/sin cast to the activations' dtype first as transformers does. With the fused
+        CPU kernels (bf16), query and key are rotated in place and returned.
         """
+        if fused is not None:
+            fused.rotary(query, positions, self.cos, self.sin)
+            fused.rotary(key, positions, self.cos, self.sin)
+            return query, key
         cos = self.cos[positions].to(query.dtype)[:, None, :]  # [T, 1, D/2]
         sin = self.sin[positions].to(query.dtype)[:, None, :]
         return _rotate(query, cos, sin), _rotate(key, cos, sin)

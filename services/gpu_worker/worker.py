@@ -17,6 +17,7 @@ from services.gpu_worker.attention import get_backend
 from services.gpu_worker.attention.block_copy import copy_blocks
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.device import resolve_device, resolve_dtype
+from services.gpu_worker.host_memory import keep_freed_memory
 from services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from services.gpu_worker.model import build_model
 from services.gpu_worker.sampler import sample
@@ -41,6 +42,8 @@ class Worker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         started = time.perf_counter()
         self.model = build_model(config.model, self.dtype, self.device)
         self.model_config = self.model.config

@@ -10,6 +10,7 @@
 //
 // Shapes (contiguous; query, out and kv_cache all float32 or all bfloat16):
 //   query, out   [T, H, D]             T flat tokens of the step; rows token_idx[r] are decodes
+//                                      (query's rows may be strided: a view of the fused qkv)
 //   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
@@ -59,7 +60,7 @@ inline __m512 load16(const c10::BFloat16* p) {
 template <typename scalar_t, int DV>
 void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const scalar_t* v_pool,
                    const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
-                   int64_t H, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
+                   int64_t q_stride, int64_t H, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
   constexpr int64_t D = 16 * DV;
   const int64_t G = H / Hkv;
   const int64_t token_stride = Hkv * D;
@@ -71,7 +72,7 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
     // qf [H, D] scaled query rows; acc [H, D]; p [H, BS] the block's scores, then weights
     std::vector<float> qf(H * D), acc(H * D), p(H * BS), m(H), l(H);
     for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* q_rows = q + rows[r] * H * D;
+      const scalar_t* q_rows = q + rows[r] * q_stride;
       for (int64_t i = 0; i < H * D; ++i) qf[i] = widen(q_rows[i]) * scale;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNoScore);
@@ -162,10 +163,11 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* rows = token_idx.data_ptr<int64_t>();
+  const int64_t q_stride = query.stride(0);
 #if defined(__AVX512F__)
   if (D == 64 || D == 128) {
     (D == 64 ? decode_avx512<scalar_t, 4> : decode_avx512<scalar_t, 8>)(
-        o, q, k_pool, v_pool, tables, lens, rows, num_reqs, H, Hkv, BS, max_blocks, scale);
+        o, q, k_pool, v_pool, tables, lens, rows, num_reqs, query.stride(0), H, Hkv, BS, max_blocks, scale);
     return;
   }
 #endif
@@ -175,7 +177,7 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
     std::vector<float> qf(G * D), acc(G * D), p(G * BS), m(G), l(G);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / Hkv, kv_head = item % Hkv;
-      const scalar_t* q_rows = q + (rows[r] * H + kv_head * G) * D;
+      const scalar_t* q_rows = q + rows[r] * q_stride + kv_head * G * D;
       for (int64_t i = 0; i < G * D; ++i) qf[i] = widen(q_rows[i]) * scale;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNoScore);
@@ -242,9 +244,9 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   TORCH_CHECK(dtype == kv_cache.scalar_type() && dtype == out.scalar_type() &&
                   (dtype == torch::kFloat32 || dtype == torch::kBFloat16),
               "paged_decode_attention: query, out and kv_cache must all be float32 or all bfloat16");
-  TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && kv_cache.is_contiguous() &&
-                  block_tables.is_contiguous(),
-              "paged_decode_attention: contiguous tensors only");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous() &&
+                  kv_cache.is_contiguous() && block_tables.is_contiguous(),
+              "paged_decode_attention: contiguous tensors only (query: rows may be strided)");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0,
               "paged_decode_attention: num_heads must be a multiple of num_kv_heads");
   if (dtype == torch::kFloat32) {

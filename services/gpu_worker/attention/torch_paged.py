@@ -1,7 +1,7 @@
 """Paged attention in plain torch: the CPU serving path.
 
 attend() splits the step's ragged batch in two (see metadata.py for the batch semantics):
-- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.py; float32 or bfloat16), run in one
+- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.cpp via cpu_extensions.py; float32 or bfloat16), run in one
   call that reads K/V where they lie in the pool, no gather and no padding. Otherwise they
   are sorted by context length and cut into a few buckets; each bucket
   gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention import cpu_decode
+from services.gpu_worker import cpu_extensions
 from services.gpu_worker.attention.metadata import AttentionMetadata
 
 # A new decode bucket is opened once the padding the next request would add to the current
@@ -149,7 +149,7 @@ class TorchPagedBackend:
 
     def __init__(self, use_kernel: bool | None = None) -> None:
         """use_kernel: decode with the C++ kernel when it loads (None: unless disabled)."""
-        self._kernel = cpu_decode.load() if use_kernel is not False else None
+        self._kernel = cpu_extensions.load("decode") if use_kernel is not False else None
         if use_kernel and self._kernel is None:
             raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
         self._plan: _Plan | None = None
@@ -173,7 +173,6 @@ class TorchPagedBackend:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
         if plan.kernel_decodes is not None:
             d = plan.kernel_decodes
-            query = query.contiguous()
             kernel.paged_decode_attention(out, query, kv_cache, d.block_tables, d.seq_lens, d.token_idx, scale)
         for b in plan.decodes:
             n = b.token_idx.numel()
@@ -195,7 +194,8 @@ class TorchPagedBackend:
 
     def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return (self._kernel is not None and query.device.type == "cpu" and query.dtype == kv_cache.dtype
-                and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous())
+                and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous()
+                and query.stride(2) == 1 and query.stride(1) == query.shape[2])
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool) -> _Plan:
         plan = self._plan

@@ -1,0 +1,146 @@
+// Fused bf16 element-wise ops for the CPU path: one pass over memory instead of torch's
+// chain of ops (each reading and writing the whole tensor, each a dispatch).
+//
+// Every op reproduces, rounding for rounding, what the torch (and HF transformers) bf16
+// sequence computes: each intermediate that torch stores as bf16 is rounded to bf16 here
+// too (round to nearest even). Products and sums are bit-identical; the RMS mean (sum
+// order) and SiLU's exp (another vector expf) can move a result by one bf16 step.
+// All tensors bf16 and contiguous in their last dimension; rows may be strided (views).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+inline float widen(bf16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline uint16_t bits_of(float f) {  // round to nearest even (inputs here are never NaN)
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float round_bf16(float f) {  // f as it reads back after being stored as bf16
+  uint32_t u = static_cast<uint32_t>(bits_of(f)) << 16;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+inline bf16 narrow(float f) { return bf16(bits_of(f), bf16::from_bits()); }
+
+// rows per task: small batches (a decode step's few rows) run on the calling thread
+inline int64_t grain_for(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elems)); }
+
+void check_bf16(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.stride(-1) == 1, name, ": bf16, contiguous last dim");
+}
+
+// RMSNorm of one row of C: out = w * bf16(x * rsqrt(mean(x^2) + eps)) (HF LlamaRMSNorm)
+inline void norm_row(bf16* out, const float* x, const bf16* w, int64_t C, float eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+  const float inv = 1.f / std::sqrt(ss / C + eps);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) out[c] = narrow(widen(w[c]) * round_bf16(x[c] * inv));
+}
+
+}  // namespace
+
+// out [T, C] = rms_norm(x [T, C]) * weight [C]
+void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps) {
+  check_bf16(out, "rms_norm out"), check_bf16(x, "rms_norm x"), check_bf16(weight, "rms_norm weight");
+  const int64_t T = x.size(0), C = x.size(1);
+  at::parallel_for(0, T, grain_for(C), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(C);
+    for (int64_t t = begin; t < end; ++t) {
+      const bf16* xt = x.data_ptr<bf16>() + t * x.stride(0);
+      for (int64_t c = 0; c < C; ++c) row[c] = widen(xt[c]);
+      norm_row(out.data_ptr<bf16>() + t * out.stride(0), row.data(), weight.data_ptr<bf16>(), C, eps);
+    }
+  });
+}
+
+// residual [T, C] <- bf16(residual + x); out [T, C] = rms_norm(residual) * weight
+void add_rms_norm(torch::Tensor out, torch::Tensor residual, torch::Tensor x, torch::Tensor weight, double eps) {
+  check_bf16(out, "add_rms_norm out"), check_bf16(residual, "add_rms_norm residual");
+  check_bf16(x, "add_rms_norm x"), check_bf16(weight, "add_rms_norm weight");
+  const int64_t T = x.size(0), C = x.size(1);
+  at::parallel_for(0, T, grain_for(C), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(C);
+    for (int64_t t = begin; t < end; ++t) {
+      bf16* rt = residual.data_ptr<bf16>() + t * residual.stride(0);
+      const bf16* xt = x.data_ptr<bf16>() + t * x.stride(0);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        row[c] = round_bf16(widen(rt[c]) + widen(xt[c]));
+        rt[c] = narrow(row[c]);
+      }
+      norm_row(out.data_ptr<bf16>() + t * out.stride(0), row.data(), weight.data_ptr<bf16>(), C, eps);
+    }
+  });
+}
+
+// out [T, I] = bf16(silu(gate)) * up, gate_up [T, 2I] = [gate | up]
+void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
+  check_bf16(out, "silu_and_mul out"), check_bf16(gate_up, "silu_and_mul gate_up");
+  const int64_t T = out.size(0), I = out.size(1);
+  TORCH_CHECK(gate_up.size(1) == 2 * I, "silu_and_mul: gate_up must be [T, 2 * I]");
+  at::parallel_for(0, T, grain_for(2 * I), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const bf16* g = gate_up.data_ptr<bf16>() + t * gate_up.stride(0);
+      const bf16* u = g + I;
+      bf16* o = out.data_ptr<bf16>() + t * out.stride(0);
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) {
+        const float x = widen(g[i]);
+        o[i] = narrow(round_bf16(x / (1.f + std::exp(-x))) * widen(u[i]));
+      }
+    }
+  });
+}
+
+// In place, x [T, heads, D] (row stride free, heads and D contiguous): dims i and i + D/2 of
+// every head rotate by the angle of positions[t]: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
+// with cos/sin [max_pos, D/2] float32 rounded to bf16 first, as transformers does.
+void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
+  check_bf16(x, "rotary x");
+  TORCH_CHECK(x.stride(1) == x.size(2), "rotary: heads must be contiguous");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous(),
+              "rotary: cos/sin float32, contiguous");
+  const int64_t T = x.size(0), heads = x.size(1), half = x.size(2) / 2;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  at::parallel_for(0, T, grain_for(heads * 2 * half), [&](int64_t begin, int64_t end) {
+    std::vector<float> c(half), s(half);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* ct = cos.data_ptr<float>() + pos[t] * half;
+      const float* st = sin.data_ptr<float>() + pos[t] * half;
+      for (int64_t i = 0; i < half; ++i) c[i] = round_bf16(ct[i]), s[i] = round_bf16(st[i]);
+      for (int64_t h = 0; h < heads; ++h) {
+        bf16* x1 = x.data_ptr<bf16>() + t * x.stride(0) + h * 2 * half;
+        bf16* x2 = x1 + half;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = widen(x1[i]), b = widen(x2[i]);
+          x1[i] = narrow(round_bf16(a * c[i]) - round_bf16(b * s[i]));
+          x2[i] = narrow(round_bf16(b * c[i]) + round_bf16(a * s[i]));
+        }
+      }
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm (bf16)");
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)");
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)");
+  m.def("rotary", &rotary, "rotary embedding in place (bf16)");
+}

@@ -1,0 +1,79 @@
+"""The fused bf16 CPU kernels (cpu_fused.cpp) against the torch op chains they replace.
+
+Products and sums are bit-identical (every bf16 rounding torch does is done too); RMSNorm
+(the order of its float sum) and SiLU (a different vector exp: about 1 in 1000 results)
+may land one bf16 step away (SwiGLU's product then up to two).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.gpu_worker import cpu_extensions
+from services.gpu_worker.model import RMSNorm
+from services.gpu_worker.rotary_embedding import _rotate
+
+fused = cpu_extensions.load("fused")
+pytestmark = pytest.mark.skipif(fused is None, reason="the C++ kernels could not be built here")
+BF16 = torch.bfloat16
+
+
+def _rand(*shape, seed=0, scale=1.0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(BF16)
+
+
+def _plain_norm(x, weight, eps):
+    norm = RMSNorm(x.shape[1], eps, BF16)
+    norm.weight.data.copy_(weight)
+    return norm(x)
+
+
+def _within_bf16_steps(actual, expected, steps=1):
+    torch.testing.assert_close(actual.float(), expected.float(), atol=1e-6, rtol=steps * 2**-7)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 300])
+def test_rms_norm(num_rows):
+    x, weight = _rand(num_rows, 576, seed=1, scale=3), _rand(576, seed=2)
+    out = torch.empty_like(x)
+    fused.rms_norm(out, x, weight, 1e-5)
+    _within_bf16_steps(out, _plain_norm(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("num_rows", [1, 300])
+def test_add_rms_norm_updates_the_residual(num_rows):
+    x, residual, weight = _rand(num_rows, 64, seed=3), _rand(num_rows, 64, seed=4), _rand(64, seed=5)
+    expected_sum = residual + x
+    out = torch.empty_like(x)
+    fused.add_rms_norm(out, residual, x, weight, 1e-6)
+    assert torch.equal(residual, expected_sum)
+    _within_bf16_steps(out, _plain_norm(expected_sum, weight, 1e-6))
+
+
+@pytest.mark.parametrize("num_rows", [1, 300])
+def test_silu_and_mul(num_rows):
+    gate_up = _rand(num_rows, 2 * 1536, seed=6, scale=4)
+    out = torch.empty(num_rows, 1536, dtype=BF16)
+    fused.silu_and_mul(out, gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    _within_bf16_steps(out, F.silu(gate) * up, steps=2)  # silu's step, then the product's
+
+
+def test_rotary_in_place_on_a_strided_view():
+    # q and k are views of one fused qkv row, as in the model: rows strided, heads contiguous
+    num_tokens, heads, kv_heads, dim = 7, 9, 3, 64
+    qkv = _rand(num_tokens, (heads + 2 * kv_heads) * dim, seed=7)
+    q = qkv[:, : heads * dim].view(num_tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(num_tokens, kv_heads, dim)
+    positions = torch.tensor([0, 1, 2, 50, 51, 999, 3], dtype=torch.int64)
+    angles = torch.arange(1024).float()[:, None] * torch.rand(dim // 2, generator=torch.Generator().manual_seed(8))
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    c, s = cos[positions].to(BF16)[:, None], sin[positions].to(BF16)[:, None]
+    expected_q, expected_k = _rotate(q, c, s), _rotate(k, c, s)
+    untouched_v = qkv[:, (heads + kv_heads) * dim :].clone()
+    fused.rotary(q, positions, cos, sin)
+    fused.rotary(k, positions, cos, sin)
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim :], untouched_v)
