@@ -36,7 +36,7 @@ def enabled() -> bool:
     return os.environ.get("PAGEDSERVE_CPU_KERNELS", "1") not in ("0", "false", "no")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str):
     """The compiled module `name` (a key of SOURCES), or None."""
     if not enabled():
