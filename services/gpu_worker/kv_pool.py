@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from services.gpu_worker.host_memory import huge_pages_zeros
 from services.gpu_worker.model_config import ModelConfig
 from shared.config import EngineConfig, parse_size
 
@@ -40,7 +41,10 @@ class KVPool:
         self.block_size = block_size
         shape = (2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
         # zeros, not empty: a never-written slot must not hold NaN that a masked lane reads
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+        if torch.device(device).type == "cpu":
+            self.kv_caches = [huge_pages_zeros(shape, dtype) for _ in range(model.num_layers)]
+        else:
+            self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
 
     @property
     def num_bytes(self) -> int:

@@ -57,20 +57,23 @@ inline __m512 load16(const c10::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-template <typename scalar_t, int DV>
+// DV = D / 16 vectors per row, G query heads per KV head, both compile-time so that a group's
+// query rows and output accumulators (G * DV vectors each) stay in registers for a block.
+template <typename scalar_t, int DV, int G>
 void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const scalar_t* v_pool,
                    const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
-                   int64_t q_stride, int64_t H, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
+                   int64_t q_stride, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
   constexpr int64_t D = 16 * DV;
-  const int64_t G = H / Hkv;
+  const int64_t H = Hkv * G;
   const int64_t token_stride = Hkv * D;
   const int64_t block_elems = BS * token_stride;  // one block's K (or V): BS * Hkv * D contiguous
-  // One work item per request: each block's K (then V) is walked once, front to back, for
-  // all heads, and the next block is prefetched while this one is computed (a request's
-  // blocks lie anywhere in the pool, which the hardware prefetcher cannot guess).
+  // One work item per request: its blocks in order, each block's K and V fetched once (the
+  // next block is prefetched while this one is computed: a request's blocks lie anywhere in
+  // the pool, which the hardware prefetcher cannot guess), then per KV head the group's
+  // scores, the online-softmax update and the PV sum with the accumulators in registers.
   at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
-    // qf [H, D] scaled query rows; acc [H, D]; p [H, BS] the block's scores, then weights
-    std::vector<float> qf(H * D), acc(H * D), p(H * BS), m(H), l(H);
+    // qf [H, D] scaled query rows; acc [H, D]; p [G, BS] one group's scores, then weights
+    std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H);
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* q_rows = q + rows[r] * q_stride;
       for (int64_t i = 0; i < H * D; ++i) qf[i] = widen(q_rows[i]) * scale;
@@ -91,50 +94,49 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
             _mm_prefetch(v_next + off, _MM_HINT_T0);
           }
         }
-        for (int64_t t = 0; t < num_tokens; ++t) {
-          for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
-            __m512 kt[DV];
-            const scalar_t* k_row = k_block + t * token_stride + kv_head * D;
-            for (int i = 0; i < DV; ++i) kt[i] = load16(k_row + 16 * i);
-            for (int64_t j = kv_head * G; j < (kv_head + 1) * G; ++j) {
-              const float* qj = qf.data() + j * D;
-              __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qj), kt[0]);
-              for (int i = 1; i < DV; ++i) s = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * i), kt[i], s);
-              p[j * BS + t] = _mm512_reduce_add_ps(s);
-            }
-          }
-        }
-        for (int64_t j = 0; j < H; ++j) {
-          float* pj = p.data() + j * BS;
-          float block_max = kNoScore;
-          for (int64_t t = 0; t < num_tokens; ++t) block_max = std::max(block_max, pj[t]);
-          const float new_m = std::max(m[j], block_max);
-          const float correction = std::exp(m[j] - new_m);
-          float sum = 0.f;
+        for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
+          const int64_t h0 = kv_head * G;  // the group's first query head
+          __m512 qv[G][DV];
+          for (int g = 0; g < G; ++g)
+            for (int i = 0; i < DV; ++i) qv[g][i] = _mm512_loadu_ps(qf.data() + (h0 + g) * D + 16 * i);
           for (int64_t t = 0; t < num_tokens; ++t) {
-            pj[t] = std::exp(pj[t] - new_m);
-            sum += pj[t];
-          }
-          if (correction != 1.f) {
-            const __m512 c = _mm512_set1_ps(correction);
-            float* aj = acc.data() + j * D;
-            for (int i = 0; i < DV; ++i) _mm512_storeu_ps(aj + 16 * i, _mm512_mul_ps(c, _mm512_loadu_ps(aj + 16 * i)));
-          }
-          m[j] = new_m;
-          l[j] = l[j] * correction + sum;
-        }
-        for (int64_t t = 0; t < num_tokens; ++t) {
-          for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
-            __m512 vt[DV];
-            const scalar_t* v_row = v_block + t * token_stride + kv_head * D;
-            for (int i = 0; i < DV; ++i) vt[i] = load16(v_row + 16 * i);
-            for (int64_t j = kv_head * G; j < (kv_head + 1) * G; ++j) {
-              const __m512 w = _mm512_set1_ps(p[j * BS + t]);
-              float* aj = acc.data() + j * D;
-              for (int i = 0; i < DV; ++i)
-                _mm512_storeu_ps(aj + 16 * i, _mm512_fmadd_ps(w, vt[i], _mm512_loadu_ps(aj + 16 * i)));
+            const scalar_t* k_row = k_block + t * token_stride + kv_head * D;
+            __m512 kt[DV];
+            for (int i = 0; i < DV; ++i) kt[i] = load16(k_row + 16 * i);
+            for (int g = 0; g < G; ++g) {
+              __m512 s = _mm512_mul_ps(qv[g][0], kt[0]);
+              for (int i = 1; i < DV; ++i) s = _mm512_fmadd_ps(qv[g][i], kt[i], s);
+              p[g * BS + t] = _mm512_reduce_add_ps(s);
             }
           }
+          __m512 a[G][DV];
+          for (int g = 0; g < G; ++g) {
+            float* pg = p.data() + g * BS;
+            float block_max = kNoScore;
+            for (int64_t t = 0; t < num_tokens; ++t) block_max = std::max(block_max, pg[t]);
+            const float new_m = std::max(m[h0 + g], block_max);
+            const float correction = std::exp(m[h0 + g] - new_m);
+            float sum = 0.f;
+            for (int64_t t = 0; t < num_tokens; ++t) {
+              pg[t] = std::exp(pg[t] - new_m);
+              sum += pg[t];
+            }
+            m[h0 + g] = new_m;
+            l[h0 + g] = l[h0 + g] * correction + sum;
+            const __m512 c = _mm512_set1_ps(correction);
+            for (int i = 0; i < DV; ++i) a[g][i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc.data() + (h0 + g) * D + 16 * i));
+          }
+          for (int64_t t = 0; t < num_tokens; ++t) {
+            const scalar_t* v_row = v_block + t * token_stride + kv_head * D;
+            __m512 vt[DV];
+            for (int i = 0; i < DV; ++i) vt[i] = load16(v_row + 16 * i);
+            for (int g = 0; g < G; ++g) {
+              const __m512 w = _mm512_set1_ps(p[g * BS + t]);
+              for (int i = 0; i < DV; ++i) a[g][i] = _mm512_fmadd_ps(w, vt[i], a[g][i]);
+            }
+          }
+          for (int g = 0; g < G; ++g)
+            for (int i = 0; i < DV; ++i) _mm512_storeu_ps(acc.data() + (h0 + g) * D + 16 * i, a[g][i]);
         }
       }
       scalar_t* out_rows = o + rows[r] * H * D;
@@ -144,6 +146,33 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
       }
     }
   });
+}
+
+// The AVX-512 instance for (D, G), or nullptr where none is compiled (then the portable loop).
+template <typename scalar_t>
+using DecodeFn = void (*)(scalar_t*, const scalar_t*, const scalar_t*, const scalar_t*, const int32_t*,
+                          const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float);
+
+template <typename scalar_t, int DV>
+DecodeFn<scalar_t> pick_group(int64_t G) {
+  switch (G) {
+    case 1: return decode_avx512<scalar_t, DV, 1>;
+    case 2: return decode_avx512<scalar_t, DV, 2>;
+    case 3: return decode_avx512<scalar_t, DV, 3>;
+    case 4: return decode_avx512<scalar_t, DV, 4>;
+    case 5: return decode_avx512<scalar_t, DV, 5>;
+    case 6: return decode_avx512<scalar_t, DV, 6>;
+    case 7: return decode_avx512<scalar_t, DV, 7>;
+    case 8: return decode_avx512<scalar_t, DV, 8>;
+    default: return nullptr;
+  }
+}
+
+template <typename scalar_t>
+DecodeFn<scalar_t> pick_avx512(int64_t D, int64_t G) {
+  if (D == 64) return pick_group<scalar_t, 4>(G);
+  if (D == 128) return pick_group<scalar_t, 8>(G);
+  return nullptr;
 }
 #endif
 
@@ -165,9 +194,8 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   const int64_t* rows = token_idx.data_ptr<int64_t>();
   const int64_t q_stride = query.stride(0);
 #if defined(__AVX512F__)
-  if (D == 64 || D == 128) {
-    (D == 64 ? decode_avx512<scalar_t, 4> : decode_avx512<scalar_t, 8>)(
-        o, q, k_pool, v_pool, tables, lens, rows, num_reqs, query.stride(0), H, Hkv, BS, max_blocks, scale);
+  if (DecodeFn<scalar_t> fn = pick_avx512<scalar_t>(D, G)) {
+    fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
     return;
   }
 #endif
