@@ -4,8 +4,8 @@ Start: skip whatever waits on its plan stream (meant for a dead predecessor), he
 "worker:<id>", then say hello (pool size, block size, model limits) on worker_hello: the
 heartbeat comes first, so a peer that reads the hello finds the heartbeat of the same
 incarnation. Then one StepResult on worker_results per StepPlan read from
-worker_plan(<id>) (group "worker"). Plans run in a thread so the heartbeat goes on
-during a long step.
+worker_plan(<id>) (group "worker"). Plans run on the worker's compute thread (the one that
+loaded the model, see main.py) so the heartbeat goes on during a long step.
 
 Never dies of a bad plan: a plan that does not decode is answered with an empty result
 (when its step_id can be read); requests it cannot run (unknown id, token or block id out
@@ -19,6 +19,7 @@ not above the last one is a redelivery and is dropped.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 
@@ -34,8 +35,10 @@ HELLO_MAXLEN = 1000
 
 
 class WorkerLoop:
-    def __init__(self, r, keys: Keys, worker, worker_id: str, model: str, max_model_len: int) -> None:
+    def __init__(self, r, keys: Keys, worker, worker_id: str, model: str, max_model_len: int,
+                 compute: concurrent.futures.Executor) -> None:
         self.r, self.keys, self.worker, self.worker_id = r, keys, worker, worker_id
+        self.compute = compute  # the one thread that runs torch in this process
         self.model, self.max_model_len = model, max_model_len
         self.incarnation = uuid.uuid4().hex
         self.last_step_id: int | None = None
@@ -89,7 +92,7 @@ class WorkerLoop:
         for request_id, why in drop_bad_requests(plan, self.worker):
             log.error("step %d: request %s dropped from the plan: %s", plan.step_id, request_id, why)
         try:
-            return await asyncio.to_thread(self.worker.execute, plan)
+            return await asyncio.get_running_loop().run_in_executor(self.compute, self.worker.execute, plan)
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)
             return StepResult(plan.step_id)
