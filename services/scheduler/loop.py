@@ -5,7 +5,10 @@ aborts, read only once a worker has said hello, since a Request needs its eos id
 kv_reply, worker_results and worker_hello. A step, while there is work and both peers
 are up: schedule() -> AllocRequest -> the AllocReply of that step_id -> on_alloc() ->
 StepPlan -> the StepResult of that step_id -> on_result() -> one DeltaBatch per api.
-Submissions read meanwhile are applied between steps.
+Submissions read meanwhile are applied between steps. Only the chain of the step itself is
+on the critical path: the DeltaBatches and the stats of step N go out while the kvstore
+allocates step N+1, and no extra read is made between steps (the waits for the replies
+read every stream).
 
 Crash handling. Step ids start at the wall clock in microseconds, so a late reply to a
 dead predecessor never matches. Heartbeats are checked every CHECK_INTERVAL_S, also while
@@ -120,19 +123,24 @@ class SchedulerLoop:
         return self.kv_inc is not None and self.worker_inc is not None
 
     async def _iteration(self) -> None:
-        busy = self._ready() and (self.sched.has_requests() or bool(self.inbox))
-        await self._poll(None if busy else POLL_S)
+        stepping = self._ready() and self.sched.has_requests()
+        if not stepping:  # while stepping, the waits for the peers' replies read every stream
+            await self._poll(None if self._ready() and self.inbox else POLL_S)
         self._apply_inbox()
-        await self._flush_outbox()
         if self._ready() and self.sched.has_requests():
             await self._step()
-        await self._write_stats()
+        else:
+            await self._flush_outbox()
+            await self._write_stats()
 
     async def _step(self) -> None:
         self.step_broken = False
         alloc = self.sched.schedule()
         alloc.reset = self.reset_kv
         await redis_io.send(self.r, self.keys.kv_alloc, alloc)
+        # off the critical path, while the kvstore works: the previous step's deltas, stats
+        await self._flush_outbox()
+        await self._write_stats()
         reply = await self._await_reply(self.keys.kv_reply, alloc.step_id, "kvstore")
         if reply is None:
             return
@@ -157,7 +165,7 @@ class SchedulerLoop:
         self.step_id = plan.step_id
         for delta in deltas:
             self.routes.route(delta)
-        await self._flush_outbox()
+        # flushed once the next step's AllocRequest is out (or at once when nothing is left)
         self.stats_dirty = True
 
     async def _await_reply(self, stream: str, step_id: int, peer: str):
