@@ -7,8 +7,8 @@
 
 Built with torch's cpp_extension (g++ and ninja, both installed with the project) into
 torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), once per
-machine: later processes load the cached build, and torch's file lock lets several worker
-processes start at once. -march=native: the build is for the machine that runs it (its
+machine: later processes load the cached build. Several processes starting at once take
+turns on an flock, which also clears the lock file torch leaves when a build is killed. -march=native: the build is for the machine that runs it (its
 AVX-512 paths compile only where the CPU has AVX-512; elsewhere portable loops).
 -ffast-math is on the compile line only (so exp loops use glibc's vector expf); the link
 line does not get it, so crtfastmath is not linked and the process keeps IEEE denormals
@@ -21,6 +21,8 @@ without a compiler still serves, only slower.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -30,6 +32,18 @@ log = logging.getLogger("pagedserve.worker")
 
 HERE = Path(__file__).parent
 SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "fused": HERE / "cpu_fused.cpp"}
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """An flock on path for the block: one builder per machine, released if its holder dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def enabled() -> bool:
@@ -44,9 +58,16 @@ def load(name: str):
     try:
         from torch.utils import cpp_extension
 
-        return cpp_extension.load(name=f"pagedserve_cpu_{name}", sources=[str(SOURCES[name])],
-                                  extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-                                  extra_ldflags=["-fopenmp"], verbose=False)
+        module_name = f"pagedserve_cpu_{name}"
+        build_dir = Path(cpp_extension._get_build_directory(module_name, verbose=False))
+        with _exclusive(build_dir / "pagedserve.flock"):
+            # torch's own lock is a plain file that a process killed mid-build leaves behind,
+            # and every later load would wait on it for ever. Holding our flock (the kernel
+            # drops it with its holder), no live process of ours is building: clear it.
+            (build_dir / "lock").unlink(missing_ok=True)
+            return cpp_extension.load(name=module_name, sources=[str(SOURCES[name])], build_directory=str(build_dir),
+                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                                      extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: serve on plain torch
         log.warning("CPU kernels %r unavailable (%s: %s); using plain torch ops", name, type(e).__name__, e)
         return None

@@ -138,7 +138,29 @@ void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::
   });
 }
 
+// [N] int64: the index of each row's maximum in logits [N, V] (the first one on ties, as
+// torch.max(dim=1)), read straight from bf16: no float32 copy of the logits.
+torch::Tensor argmax_rows(torch::Tensor logits) {
+  check_bf16(logits, "argmax_rows logits");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  auto out = torch::empty({N}, torch::kInt64);
+  int64_t* idx = out.data_ptr<int64_t>();
+  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const bf16* row = logits.data_ptr<bf16>() + n * logits.stride(0);
+      float best = -INFINITY;
+#pragma omp simd reduction(max : best)
+      for (int64_t v = 0; v < V; ++v) best = std::max(best, widen(row[v]));
+      int64_t at = 0;
+      while (at < V - 1 && widen(row[at]) != best) ++at;
+      idx[n] = at;
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 logits");
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16)");
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)");
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)");

@@ -151,9 +151,11 @@ class LlamaForCausalLM(torch.nn.Module):
         return self.norm(hidden)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] (only the rows to sample) -> float32 logits [N, vocab]."""
-        return self.head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
+        """hidden [N, hidden_size] (only the rows to sample) -> logits [N, vocab], float32
+        (as_float) or in the model's dtype (for a greedy pick: the argmax is the same)."""
+        logits = self.head(hidden)
+        return logits.float() if as_float else logits
 
     @torch.no_grad()
     def load_state_dict_canonical(self, state: dict[str, torch.Tensor]) -> None:

@@ -20,9 +20,9 @@ from services.gpu_worker.device import resolve_device, resolve_dtype
 from services.gpu_worker.host_memory import keep_freed_memory
 from services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from services.gpu_worker.model import build_model
-from services.gpu_worker.sampler import sample
+from services.gpu_worker.sampler import greedy_tokens, plain_greedy, sample
 from shared.config import EngineConfig
-from shared.messages import SamplingParams, StepPlan, StepResult
+from shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 
 log = logging.getLogger("pagedserve.worker")
 
@@ -117,10 +117,15 @@ class Worker:
             state.num_computed_tokens += state.num_scheduled_tokens
             state.num_scheduled_tokens = 0
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows])
             sample_states = [self.requests[r] for r in sample_ids]
-            result.sampled = sample(logits, [s.sampling for s in sample_states], sample_ids,
-                                    [s.token_ids for s in sample_states], [s.num_prompt_tokens for s in sample_states])
+            params = [s.sampling for s in sample_states]
+            if plain_greedy(params):  # the argmax straight from the model's logits
+                tokens = greedy_tokens(self.model.compute_logits(hidden[sample_rows], as_float=False))
+                result.sampled = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
+            else:
+                logits = self.model.compute_logits(hidden[sample_rows])
+                result.sampled = sample(logits, params, sample_ids, [s.token_ids for s in sample_states],
+                                        [s.num_prompt_tokens for s in sample_states])
             for state, token in zip(sample_states, result.sampled, strict=False):
                 state.token_ids.append(token.token_id)
         return result

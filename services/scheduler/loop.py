@@ -138,9 +138,19 @@ class SchedulerLoop:
         alloc = self.sched.schedule()
         alloc.reset = self.reset_kv
         await redis_io.send(self.r, self.keys.kv_alloc, alloc)
-        # off the critical path, while the kvstore works: the previous step's deltas, stats
+        # off the critical path: the previous step's deltas and the stats go out while the
+        # kvstore allocates (on their own connections), and are awaited once the plan is out
+        outbox = asyncio.ensure_future(self._flush_outbox_and_stats())
+        try:
+            await self._step_after_alloc(alloc)
+        finally:
+            await outbox
+
+    async def _flush_outbox_and_stats(self) -> None:
         await self._flush_outbox()
         await self._write_stats()
+
+    async def _step_after_alloc(self, alloc) -> None:
         reply = await self._await_reply(self.keys.kv_reply, alloc.step_id, "kvstore")
         if reply is None:
             return

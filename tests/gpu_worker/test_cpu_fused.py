@@ -77,3 +77,12 @@ def test_rotary_in_place_on_a_strided_view():
     fused.rotary(k, positions, cos, sin)
     assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], untouched_v)
+
+
+def test_argmax_rows_is_torch_max_indices_first_on_ties():
+    logits = _rand(37, 49152, seed=9, scale=5)
+    logits[3, 100] = logits[3, 7] = logits[3].max() + 1  # a tie: the first index wins
+    logits[5] = 0.0  # a row of equal values: index 0
+    expected = logits.float().max(dim=1).indices
+    assert torch.equal(fused.argmax_rows(logits), expected)
+    assert fused.argmax_rows(logits)[3].item() == 7 and fused.argmax_rows(logits)[5].item() == 0

@@ -101,3 +101,14 @@ def test_logprobs_are_the_models_before_penalties_and_temperature():
     raw = logits.log_softmax(1)[0]
     assert math.isclose(token.logprob, raw[token.token_id].item(), rel_tol=1e-6)
     assert [t for t, _ in token.top_logprobs] == raw.topk(3).indices.tolist()
+
+
+def test_greedy_tokens_reads_bf16_or_float_logits_alike():
+    from services.gpu_worker.sampler import greedy_tokens, plain_greedy
+
+    logits = torch.randn(9, 500, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    assert greedy_tokens(logits) == greedy_tokens(logits.float()) == logits.float().argmax(dim=1).tolist()
+    assert plain_greedy([SamplingParams(), SamplingParams(max_tokens=3)])
+    assert not plain_greedy([SamplingParams(), SamplingParams(temperature=0.7)])
+    assert not plain_greedy([SamplingParams(logprobs=0)])
+    assert not plain_greedy([SamplingParams(presence_penalty=0.5)])

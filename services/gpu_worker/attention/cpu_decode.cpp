@@ -46,6 +46,25 @@ inline float widen(c10::BFloat16 x) {
 template <typename T>
 inline T narrow(float x) { return static_cast<T>(x); }  // BFloat16: round to nearest even
 
+// One block of the online softmax for one head: scores p[0, n) become exp(p - m') where
+// m' = max(m, max p); m and l (the running sum of exp) are updated to m'; returns the factor
+// exp(m - m') by which the head's accumulated output must be rescaled.
+inline float softmax_block(float* p, int64_t n, float& m, float& l) {
+  float block_max = kNoScore;
+  for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, p[t]);
+  const float new_m = std::max(m, block_max);
+  const float correction = std::exp(m - new_m);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = 0; t < n; ++t) {
+    p[t] = std::exp(p[t] - new_m);
+    sum += p[t];
+  }
+  m = new_m;
+  l = l * correction + sum;
+  return correction;
+}
+
 #if defined(__AVX512F__)
 // The same walk with AVX-512 intrinsics, D = 16 * DV: K/V rows widened 16 lanes at a time,
 // a score is DV fused multiply-adds and one horizontal add, and the PV update is DV
@@ -111,18 +130,7 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
           }
           __m512 a[G][DV];
           for (int g = 0; g < G; ++g) {
-            float* pg = p.data() + g * BS;
-            float block_max = kNoScore;
-            for (int64_t t = 0; t < num_tokens; ++t) block_max = std::max(block_max, pg[t]);
-            const float new_m = std::max(m[h0 + g], block_max);
-            const float correction = std::exp(m[h0 + g] - new_m);
-            float sum = 0.f;
-            for (int64_t t = 0; t < num_tokens; ++t) {
-              pg[t] = std::exp(pg[t] - new_m);
-              sum += pg[t];
-            }
-            m[h0 + g] = new_m;
-            l[h0 + g] = l[h0 + g] * correction + sum;
+            const float correction = softmax_block(p.data() + g * BS, num_tokens, m[h0 + g], l[h0 + g]);
             const __m512 c = _mm512_set1_ps(correction);
             for (int i = 0; i < DV; ++i) a[g][i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc.data() + (h0 + g) * D + 16 * i));
           }
@@ -227,22 +235,10 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
           }
         }
         for (int64_t g = 0; g < G; ++g) {
-          float* pg = p.data() + g * BS;
-          float block_max = kNoScore;
-          for (int64_t t = 0; t < num_tokens; ++t) block_max = std::max(block_max, pg[t]);
-          const float new_m = std::max(m[g], block_max);
-          const float correction = std::exp(m[g] - new_m);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < num_tokens; ++t) {
-            pg[t] = std::exp(pg[t] - new_m);
-            sum += pg[t];
-          }
+          const float correction = softmax_block(p.data() + g * BS, num_tokens, m[g], l[g]);
           float* ag = acc.data() + g * D;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) ag[d] *= correction;
-          m[g] = new_m;
-          l[g] = l[g] * correction + sum;
         }
         for (int64_t t = 0; t < num_tokens; ++t) {
           const scalar_t* vt = v_block + t * token_stride;
