@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from services.engine import Engine
@@ -27,12 +26,6 @@ SEED, N, MAX_TOKENS = 11, 3, 8
 @pytest.fixture(scope="module")
 def engine():
     return Engine(EngineConfig(dtype="float32", num_blocks=256))
-
-
-@pytest.fixture(scope="module")
-def oai(stack_api):
-    with openai.OpenAI(base_url=stack_api.base_url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def _kv(backend) -> dict:

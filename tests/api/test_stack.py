@@ -15,7 +15,6 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 import websockets
 
@@ -45,12 +44,6 @@ def reference(tokenizer):
                                  SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), decode=True)
         outputs.append(out)
     return outputs
-
-
-@pytest.fixture(scope="module")
-def oai(stack_api):
-    with openai.OpenAI(base_url=stack_api.base_url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def _ws_url(api, path: str) -> str:
