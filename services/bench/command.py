@@ -5,13 +5,14 @@ serve: a running server over HTTP, or one it launches (serve.py).
 latency: one request alone, in-process or over HTTP (latency.py).
 attention: paged vs dense attention, one layer (gpu_worker/attention/bench_attention.py).
 fairness: one tenant flooding, another trickling, per policy (fairness.py).
+profile: where an in-process step's time goes (profile.py).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from services.bench import fairness, latency, serve, throughput
+from services.bench import fairness, latency, profile, serve, throughput
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--repeat", type=int, default=20)
     fairness.add_arguments(kinds.add_parser("fairness", help="tenant A floods, B trickles: B's TTFT per policy"))
+    p = kinds.add_parser("profile", help="where an in-process step's time goes (torch.profiler)")
+    _common(p)
+    profile.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,4 +61,4 @@ def run(args: argparse.Namespace) -> int:
         from services.gpu_worker.device import cpu_has_bf16
 
         args.dtype = "bfloat16" if cpu_has_bf16() else "float32"
-    return {"throughput": throughput, "serve": serve, "latency": latency}[args.kind].run(args)
+    return {"throughput": throughput, "serve": serve, "latency": latency, "profile": profile}[args.kind].run(args)

@@ -42,3 +42,25 @@ def test_latency_in_process(tmp_path):
     assert 0 < result["ttft_min_ms"] <= result["ttft_median_ms"]
     assert 0 < result["per_token_min_ms"] <= result["per_token_median_ms"]
     assert "per_token_median_ms" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
+    from services.gpu_worker import cpu_extensions
+
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps([{"prompt_token_ids": [600 + i for i in range(n)], "max_tokens": 6}
+                                    for n in (12, 40)]))
+    out = tmp_path / "p.json"
+    proc = _bench("profile", "--workload", str(workload), "--dtype", dtype, "--skip-steps", "2", "--steps", "3",
+                  "--output", str(out))
+    report = json.loads(out.read_text())
+    assert report["num_running"] == 2 and report["step_ms"] > 0
+    names = {row["name"] for row in report["rows"]}
+    assert any("linear" in name or "aten::mm" in name or "addmm" in name for name in names)
+    if cpu_extensions.load("decode") is not None:  # two decodes per step: the kernel runs each layer
+        kernel = next(row for row in report["rows"] if row["name"] == "kernel.paged_decode_attention")
+        assert kernel["calls_per_step"] == 30  # SmolLM2's layers
+    if dtype == "bfloat16" and cpu_extensions.load("fused") is not None:
+        assert "fused.silu_and_mul" in names
+    assert "ms per step" in proc.stdout
