@@ -110,32 +110,82 @@ void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
   });
 }
 
-// In place, x [T, heads, D] (row stride free, heads and D contiguous): dims i and i + D/2 of
-// every head rotate by the angle of positions[t]: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
-// with cos/sin [max_pos, D/2] float32 rounded to bf16 first, as transformers does.
-void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
+namespace {
+
+// cos/sin of one position, rounded to bf16 as transformers does (c, s: half floats each)
+inline void angles_of(float* c, float* s, const torch::Tensor& cos, const torch::Tensor& sin, int64_t pos,
+                      int64_t half) {
+  const float* ct = cos.data_ptr<float>() + pos * half;
+  const float* st = sin.data_ptr<float>() + pos * half;
+  for (int64_t i = 0; i < half; ++i) c[i] = round_bf16(ct[i]), s[i] = round_bf16(st[i]);
+}
+
+// rotate `heads` contiguous head rows of 2 * half dims in place
+inline void rotate_heads(bf16* x, int64_t heads, int64_t half, const float* c, const float* s) {
+  for (int64_t h = 0; h < heads; ++h) {
+    bf16* x1 = x + h * 2 * half;
+    bf16* x2 = x1 + half;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = widen(x1[i]), b = widen(x2[i]);
+      x1[i] = narrow(round_bf16(a * c[i]) - round_bf16(b * s[i]));
+      x2[i] = narrow(round_bf16(b * c[i]) + round_bf16(a * s[i]));
+    }
+  }
+}
+
+void check_rotary_args(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   check_bf16(x, "rotary x");
   TORCH_CHECK(x.stride(1) == x.size(2), "rotary: heads must be contiguous");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous(),
               "rotary: cos/sin float32, contiguous");
+}
+
+}  // namespace
+
+// In place, x [T, heads, D] (row stride free, heads and D contiguous): dims i and i + D/2 of
+// every head rotate by the angle of positions[t]: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
+// with cos/sin [max_pos, D/2] float32 rounded to bf16 first, as transformers does.
+void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
+  check_rotary_args(x, cos, sin);
   const int64_t T = x.size(0), heads = x.size(1), half = x.size(2) / 2;
   const int64_t* pos = positions.data_ptr<int64_t>();
   at::parallel_for(0, T, grain_for(heads * 2 * half), [&](int64_t begin, int64_t end) {
     std::vector<float> c(half), s(half);
     for (int64_t t = begin; t < end; ++t) {
-      const float* ct = cos.data_ptr<float>() + pos[t] * half;
-      const float* st = sin.data_ptr<float>() + pos[t] * half;
-      for (int64_t i = 0; i < half; ++i) c[i] = round_bf16(ct[i]), s[i] = round_bf16(st[i]);
-      for (int64_t h = 0; h < heads; ++h) {
-        bf16* x1 = x.data_ptr<bf16>() + t * x.stride(0) + h * 2 * half;
-        bf16* x2 = x1 + half;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = widen(x1[i]), b = widen(x2[i]);
-          x1[i] = narrow(round_bf16(a * c[i]) - round_bf16(b * s[i]));
-          x2[i] = narrow(round_bf16(b * c[i]) + round_bf16(a * s[i]));
-        }
-      }
+      angles_of(c.data(), s.data(), cos, sin, pos[t], half);
+      rotate_heads(x.data_ptr<bf16>() + t * x.stride(0), heads, half, c.data(), s.data());
+    }
+  });
+}
+
+// One pass per token for the attention inputs: rotary on q [T, H, D] and k [T, Hkv, D] in
+// place (as rotary() does), then k and v [T, Hkv, D] copied into their slot of the pool
+// kv_cache [2, NB, BS, Hkv, D] (slot = block * BS + offset, as write_kv stores them).
+void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor positions, torch::Tensor cos,
+                   torch::Tensor sin, torch::Tensor kv_cache, torch::Tensor slots) {
+  check_rotary_args(q, cos, sin), check_rotary_args(k, cos, sin), check_bf16(v, "rope_write_kv v");
+  check_bf16(kv_cache, "rope_write_kv kv_cache");
+  TORCH_CHECK(kv_cache.is_contiguous() && v.stride(1) == v.size(2), "rope_write_kv: contiguous pool and v heads");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.size(0) == q.size(0), "rope_write_kv: int64 slot per token");
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), half = q.size(2) / 2;
+  const int64_t row = Hkv * 2 * half;  // one token's K (or V) in the pool
+  const int64_t plane = kv_cache.numel() / 2;
+  const int64_t num_slots = plane / row;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "rope_write_kv: slot out of range");
+  bf16* k_pool = kv_cache.data_ptr<bf16>();
+  bf16* v_pool = k_pool + plane;
+  at::parallel_for(0, T, grain_for((H + 2 * Hkv) * 2 * half), [&](int64_t begin, int64_t end) {
+    std::vector<float> c(half), s(half);
+    for (int64_t t = begin; t < end; ++t) {
+      angles_of(c.data(), s.data(), cos, sin, pos[t], half);
+      rotate_heads(q.data_ptr<bf16>() + t * q.stride(0), H, half, c.data(), s.data());
+      bf16* kt = k.data_ptr<bf16>() + t * k.stride(0);
+      rotate_heads(kt, Hkv, half, c.data(), s.data());
+      std::memcpy(k_pool + slot[t] * row, kt, row * sizeof(bf16));
+      std::memcpy(v_pool + slot[t] * row, v.data_ptr<bf16>() + t * v.stride(0), row * sizeof(bf16));
     }
   });
 }
@@ -167,4 +217,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)");
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)");
   m.def("rotary", &rotary, "rotary embedding in place (bf16)");
+  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16)");
 }

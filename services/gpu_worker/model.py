@@ -76,8 +76,12 @@ class LlamaDecoderLayer(torch.nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k, self.fused)
-        backend.write_kv(k, v, kv_cache, meta)
+        if self.fused is not None and kv_cache.is_contiguous():
+            # rotary on q and k and the K/V writes into the pool, one pass per token (cpu_fused.cpp)
+            self.fused.rope_write_kv(q, k, v, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
+        else:
+            q, k = rotary(positions, q, k, self.fused)
+            backend.write_kv(k, v, kv_cache, meta)
         attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
         attn_out = self.o(attn.reshape(num_tokens, self.q_size))
         if self.fused is None:

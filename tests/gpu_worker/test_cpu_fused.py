@@ -86,3 +86,28 @@ def test_argmax_rows_is_torch_max_indices_first_on_ties():
     expected = logits.float().max(dim=1).indices
     assert torch.equal(fused.argmax_rows(logits), expected)
     assert fused.argmax_rows(logits)[3].item() == 7 and fused.argmax_rows(logits)[5].item() == 0
+
+
+def test_rope_write_kv_is_rotary_then_write_kv():
+    from services.gpu_worker.attention.metadata import AttentionMetadata
+    from services.gpu_worker.attention.reference import ReferenceBackend
+
+    num_tokens, heads, kv_heads, dim, block_size = 6, 9, 3, 64, 4
+    qkv = _rand(num_tokens, (heads + 2 * kv_heads) * dim, seed=10)
+    views = lambda t: (t[:, : heads * dim].view(num_tokens, heads, dim),  # noqa: E731
+                       t[:, heads * dim : (heads + kv_heads) * dim].view(num_tokens, kv_heads, dim),
+                       t[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim))
+    meta = AttentionMetadata.build([4, 2], [9, 2], [[5, 0, 3], [7]], block_size)
+    positions = AttentionMetadata.positions(meta)
+    angles = torch.arange(64).float()[:, None] * torch.rand(dim // 2, generator=torch.Generator().manual_seed(11))
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    cache = _rand(2, 8, block_size, kv_heads, dim, seed=12)
+    expected_qkv, expected_cache = qkv.clone(), cache.clone()
+    eq, ek, ev = views(expected_qkv)
+    fused.rotary(eq, positions, cos, sin)
+    fused.rotary(ek, positions, cos, sin)
+    ReferenceBackend().write_kv(ek, ev, expected_cache, meta)
+    fused.rope_write_kv(*views(qkv), positions, cos, sin, cache, meta.slot_mapping)
+    assert torch.equal(qkv, expected_qkv) and torch.equal(cache, expected_cache)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        fused.rope_write_kv(*views(qkv), positions, cos, sin, cache, meta.slot_mapping + 1000)
