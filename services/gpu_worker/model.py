@@ -67,11 +67,39 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.fused = self.input_layernorm.fused = self.post_attention_layernorm.fused = fused
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
-        """hidden [T, hidden_size] -> [T, hidden_size]."""
-        num_tokens = hidden.shape[0]
+        """hidden [T, hidden_size] -> [T, hidden_size] (plain torch ops)."""
         residual = hidden
-        h = self.input_layernorm(hidden)
-        qkv = self.qkv(h)  # [T, (H + 2 Hkv) * D]
+        attn_out = self._attention(self.input_layernorm(hidden), positions, rotary, kv_cache, meta, backend)
+        h = residual + attn_out
+        gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+    def forward_fused(self, x, residual, positions, rotary, kv_cache, meta, backend):
+        """The same layer on the fused kernels, the residual stream carried apart (as vLLM):
+        the layer's input is x + residual (residual None: x alone) and it returns
+        (mlp_out, residual) whose sum is its output, so every residual add happens inside the
+        next norm's pass (add_rms_norm) instead of as an op of its own. Same rounding:
+        bf16(a + b) either way."""
+        normed = torch.empty_like(x)
+        if residual is None:
+            residual = x
+            self.fused.rms_norm(normed, x, self.input_layernorm.weight, self.input_layernorm.eps)
+        else:  # x <- x + residual, the new residual; normed = its norm
+            self.fused.add_rms_norm(normed, x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+            residual = x
+        h = self._attention(normed, positions, rotary, kv_cache, meta, backend)  # becomes the next residual
+        normed = torch.empty_like(h)
+        self.fused.add_rms_norm(normed, h, residual, self.post_attention_layernorm.weight,
+                                self.post_attention_layernorm.eps)
+        gate_up = self.gate_up(normed)  # [T, 2 I]
+        act = torch.empty(h.shape[0], gate_up.shape[1] // 2, dtype=h.dtype)
+        self.fused.silu_and_mul(act, gate_up)
+        return self.down(act), h
+
+    def _attention(self, normed, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
+        """normed [T, hidden_size] -> the attention block's output after o_proj [T, hidden_size]."""
+        num_tokens = normed.shape[0]
+        qkv = self.qkv(normed)  # [T, (H + 2 Hkv) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -83,19 +111,7 @@ class LlamaDecoderLayer(torch.nn.Module):
             q, k = rotary(positions, q, k, self.fused)
             backend.write_kv(k, v, kv_cache, meta)
         attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
-        attn_out = self.o(attn.reshape(num_tokens, self.q_size))
-        if self.fused is None:
-            h = residual + attn_out
-            gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
-            return h + self.down(F.silu(gate) * up)
-        # the same ops fused: h = attn_out + residual (in attn_out's buffer) and its norm
-        h, normed = attn_out, torch.empty_like(residual)
-        self.fused.add_rms_norm(normed, h, residual, self.post_attention_layernorm.weight,
-                                self.post_attention_layernorm.eps)
-        gate_up = self.gate_up(normed)  # [T, 2 I]
-        act = torch.empty(num_tokens, gate_up.shape[1] // 2, dtype=h.dtype)
-        self.fused.silu_and_mul(act, gate_up)
-        return h + self.down(act)
+        return self.o(attn.reshape(num_tokens, self.q_size))
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -150,9 +166,17 @@ class LlamaForCausalLM(torch.nn.Module):
         """input_ids, positions int64 [T] -> final-normed hidden states [T, hidden_size]."""
         positions = positions.long()
         hidden = F.embedding(input_ids, self.embed_tokens)
+        fused = self.norm.fused
+        if fused is None:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden = layer(hidden, positions, self.rotary, kv_cache, meta, backend)
+            return self.norm(hidden)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, self.rotary, kv_cache, meta, backend)
-        return self.norm(hidden)
+            hidden, residual = layer.forward_fused(hidden, residual, positions, self.rotary, kv_cache, meta, backend)
+        out = torch.empty_like(hidden)
+        fused.add_rms_norm(out, hidden, residual, self.norm.weight, self.norm.eps)
+        return out
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
