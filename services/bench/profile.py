@@ -44,11 +44,10 @@ class _Traced:
 
 def _trace_kernels(engine) -> None:
     model, backend = engine.worker.model, engine.worker.backend
-    if model.norm.fused is not None:
-        fused = _Traced(model.norm.fused, "fused")
-        model.norm.fused = fused
+    if model.fused is not None:
+        model.fused = _Traced(model.fused, "fused")
         for layer in model.layers:
-            layer.fused = layer.input_layernorm.fused = layer.post_attention_layernorm.fused = fused
+            layer.fused = model.fused
     if getattr(backend, "_kernel", None) is not None:
         backend._kernel = _Traced(backend._kernel, "kernel")
 

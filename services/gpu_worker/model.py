@@ -30,13 +30,9 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = _param(size, dtype=dtype, device=device)
-        self.fused = None  # the fused CPU kernels (cpu_fused.cpp) where prepare() chose them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None:
-            out = torch.empty_like(x)
-            self.fused.rms_norm(out, x, self.weight, self.eps)
-            return out
+        # the plain-ops path; the fused path calls cpu_fused's rms_norm/add_rms_norm itself
         # statistics in float32 whatever the dtype, weight applied after casting back (as HF)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -64,7 +60,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         (None: plain torch ops); LlamaForCausalLM.prepare calls it."""
         self.qkv, self.o, self.gate_up, self.down = (
             PackedLinear(w, pack) for w in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj))
-        self.fused = self.input_layernorm.fused = self.post_attention_layernorm.fused = fused
+        self.fused = fused
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
         """hidden [T, hidden_size] -> [T, hidden_size] (plain torch ops)."""
@@ -138,7 +134,7 @@ class LlamaForCausalLM(torch.nn.Module):
         on_cpu_bf16 = self.embed_tokens.device.type == "cpu" and self.dtype == torch.bfloat16
         fused = cpu_extensions.load("fused") if optimized and on_cpu_bf16 else None
         self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized)
-        self.norm.fused = fused
+        self.fused = fused  # None: every layer on plain torch ops (forward); else forward_fused
         for layer in self.layers:
             layer.prepare(fused, optimized)
 
@@ -166,7 +162,7 @@ class LlamaForCausalLM(torch.nn.Module):
         """input_ids, positions int64 [T] -> final-normed hidden states [T, hidden_size]."""
         positions = positions.long()
         hidden = F.embedding(input_ids, self.embed_tokens)
-        fused = self.norm.fused
+        fused = self.fused
         if fused is None:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 hidden = layer(hidden, positions, self.rotary, kv_cache, meta, backend)

@@ -230,12 +230,12 @@ def test_bfloat16_fused_kernels_are_as_close_to_float32_as_plain_torch(loaded, m
     config, state = loaded
     fused = LlamaForCausalLM(config, dtype=torch.bfloat16)
     fused.load_state_dict_canonical(state)
-    if fused.norm.fused is None:
+    if fused.fused is None:
         pytest.skip("the fused kernels are only used for bf16 on a CPU that builds them")
     plain = LlamaForCausalLM(config, dtype=torch.bfloat16)
     plain.load_state_dict_canonical(state)
     plain.prepare(optimized=False)
-    assert plain.norm.fused is None and plain.layers[0].fused is None
+    assert plain.fused is None and plain.layers[0].fused is None
     prompt = chat_ids(hf_tokenizer, QUESTION)
     models = (model, fused, plain)
     caches = [m.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE) for m in models]
