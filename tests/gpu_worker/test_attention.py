@@ -112,6 +112,17 @@ def test_real_model_shape_mixed_batch(dtype, use_kernel):
     check_against_reference(TorchPagedBackend(use_kernel), *step)
 
 
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 1), (32, 128, 2), (16, 128, 8), (48, 64, 4)])
+def test_bf16_kernel_over_block_sizes_head_dims_and_groups(block_size, head_dim, group):
+    # on a CPU with AVX-512 BF16 these run the vdpbf16ps path (block_size a multiple of 16,
+    # head_dim 64 or 128): contexts of 1 token, a block and one past it, several blocks with
+    # a partial last one, and more than one 16-token group within a block
+    requests = [(1, 1), (1, 16), (1, 17), (1, block_size), (1, 3 * block_size - 5), (1, 211)]
+    step = make_step(requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                     dtype=torch.bfloat16, seed=block_size + head_dim + group)
+    check_against_reference(TorchPagedBackend(use_kernel=True), *step)
+
+
 @pytest.mark.parametrize("pad_tokens", [0, 1 << 30])
 def test_decode_buckets_one_per_length_or_one_for_all(monkeypatch, pad_tokens):
     monkeypatch.setattr(torch_paged, "PAD_TOKENS_PER_CALL", pad_tokens)

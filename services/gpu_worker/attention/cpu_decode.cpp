@@ -16,6 +16,12 @@
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
 // the output rounded to nearest-even once at the end. Work items are split over
 // at::parallel_for threads; each writes only its own rows of out, so threads share nothing.
+// Memory, not arithmetic, bounds a decode step: a layer's KV (13.8 MB for 128 requests of
+// 144 tokens) is out of cache by the time the layer comes round again, and a request's blocks
+// lie anywhere in the pool. The bf16 path therefore prefetches (into L2) the block two ahead,
+// spread over the PV loop a few lines per token: one burst of a whole block per block stalled
+// on the CPU's miss queue. Measured on a 2-core Zen 4 (128 requests, scattered blocks, 8 pools
+// in turn): 2.4-2.8 -> 1.2 ms per layer at 144 tokens, 4.8-5.2 -> 2.1 ms at 300.
 // Built with -ffast-math so the exp loop vectorises; every value stays finite (kNoScore,
 // not -inf), as fast-math requires.
 #include <torch/extension.h>
@@ -29,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -156,6 +163,159 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
   });
 }
 
+#if defined(__AVX512BF16__)
+// The 16 horizontal sums of v[0..15], as one vector (lane j = sum of v[j]): a transpose-add
+// tree of 45 shuffles and adds, where 16 separate reductions would take about 130.
+inline __m512 sum16(const __m512* v) {
+  __m512 x[8], y[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: one partial sum of each of 4 vectors
+    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
+    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// bf16 pool on a CPU with AVX-512 BF16, D = 32 * DW, block_size a multiple of 16.
+// QK: vdpbf16ps on the stored bf16 query and K rows (no widening), 16 tokens' dot products
+// reduced together by sum16, then scaled in fp32. PV: each V row of 32 bf16 is widened as
+// its even and odd elements (a shift and a mask, no lane crossing), so the accumulators hold
+// the output split by parity, put back in order once per request at the end.
+template <int DW, int G>
+void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFloat16* k_pool,
+                        const c10::BFloat16* v_pool, const int32_t* tables, const int32_t* lens, const int64_t* rows,
+                        int64_t num_reqs, int64_t q_stride, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
+  constexpr int64_t D = 32 * DW;
+  const int64_t H = Hkv * G;
+  const int64_t token_stride = Hkv * D;
+  const int64_t block_elems = BS * token_stride;
+  at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
+    // acc [H, D] in parity order: per 32-element word w, 16 even then 16 odd elements
+    std::vector<float> acc(H * D), p(G * BS), m(H), l(H);
+    const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __m512 no_score = _mm512_set1_ps(kNoScore);
+    for (int64_t r = begin; r < end; ++r) {
+      const c10::BFloat16* q_rows = q + rows[r] * q_stride;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), kNoScore);
+      std::fill(l.begin(), l.end(), 0.f);
+      const int64_t len = lens[r];
+      const int32_t* table = tables + r * max_blocks;
+      constexpr int64_t PF = 2;
+      for (int64_t b = 0; b < PF - 1 && b * BS < len; ++b)
+        for (int64_t off = 0; off < block_elems * 2; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(k_pool + table[b] * block_elems) + off, _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(v_pool + table[b] * block_elems) + off, _MM_HINT_T1);
+        }
+      for (int64_t b = 0; b * BS < len; ++b) {
+        const int64_t num_tokens = std::min(BS, len - b * BS);
+        const c10::BFloat16* k_block = k_pool + table[b] * block_elems;
+        const c10::BFloat16* v_block = v_pool + table[b] * block_elems;
+        const bool pf = (b + PF) * BS < len;
+        const char* k_next = pf ? reinterpret_cast<const char*>(k_pool + table[b + PF] * block_elems) : nullptr;
+        const char* v_next = pf ? reinterpret_cast<const char*>(v_pool + table[b + PF] * block_elems) : nullptr;
+        const int64_t block_bytes = block_elems * 2;
+        for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
+          const int64_t head_bytes = block_bytes / Hkv, pf_base = kv_head * head_bytes;
+          const int64_t pf_step = (head_bytes / num_tokens + 63) / 64 * 64;
+          const int64_t h0 = kv_head * G;
+          for (int g = 0; g < G; ++g) {
+            __m512bh qw[DW];
+            for (int w = 0; w < DW; ++w)
+              qw[w] = (__m512bh)_mm512_loadu_si512(q_rows + (h0 + g) * D + 32 * w);
+            for (int64_t t0 = 0; t0 < num_tokens; t0 += 16) {
+              const int64_t n = std::min<int64_t>(16, num_tokens - t0);
+              __m512 part[16];
+              for (int64_t t = 0; t < 16; ++t) {
+                part[t] = _mm512_setzero_ps();
+                if (t < n) {
+                  const c10::BFloat16* k_row = k_block + (t0 + t) * token_stride + kv_head * D;
+                  for (int w = 0; w < DW; ++w)
+                    part[t] = _mm512_dpbf16_ps(part[t], qw[w], (__m512bh)_mm512_loadu_si512(k_row + 32 * w));
+                }
+              }
+              __m512 s = _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale));
+              s = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1u), no_score, s);
+              _mm512_storeu_ps(p.data() + g * BS + t0, s);
+            }
+          }
+          __m512 a[G][2 * DW];
+          for (int g = 0; g < G; ++g) {
+            const float correction = softmax_block(p.data() + g * BS, num_tokens, m[h0 + g], l[h0 + g]);
+            const __m512 c = _mm512_set1_ps(correction);
+            for (int i = 0; i < 2 * DW; ++i)
+              a[g][i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc.data() + (h0 + g) * D + 16 * i));
+          }
+          for (int64_t t = 0; t < num_tokens; ++t) {
+            if (pf) {  // spread over the PV loop: a few lines of the block ahead per token
+              for (int64_t off = pf_base + t * pf_step; off < std::min(pf_base + (t + 1) * pf_step, pf_base + head_bytes); off += 64) {
+                _mm_prefetch(k_next + off, _MM_HINT_T1);
+                _mm_prefetch(v_next + off, _MM_HINT_T1);
+              }
+            }
+            const c10::BFloat16* v_row = v_block + t * token_stride + kv_head * D;
+            __m512 vt[2 * DW];
+            for (int w = 0; w < DW; ++w) {
+              const __m512i raw = _mm512_loadu_si512(v_row + 32 * w);
+              vt[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));           // even elements
+              vt[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, odd_mask));  // odd elements
+            }
+            for (int g = 0; g < G; ++g) {
+              const __m512 wt = _mm512_set1_ps(p[g * BS + t]);
+              for (int i = 0; i < 2 * DW; ++i) a[g][i] = _mm512_fmadd_ps(wt, vt[i], a[g][i]);
+            }
+          }
+          for (int g = 0; g < G; ++g)
+            for (int i = 0; i < 2 * DW; ++i) _mm512_storeu_ps(acc.data() + (h0 + g) * D + 16 * i, a[g][i]);
+        }
+      }
+      c10::BFloat16* out_rows = o + rows[r] * H * D;
+      for (int64_t j = 0; j < H; ++j) {
+        const float inv = len > 0 ? 1.f / l[j] : 0.f;
+        const float* aj = acc.data() + j * D;
+        for (int64_t w = 0; w < DW; ++w)
+          for (int64_t i = 0; i < 16; ++i) {
+            out_rows[j * D + 32 * w + 2 * i] = narrow<c10::BFloat16>(aj[32 * w + i] * inv);
+            out_rows[j * D + 32 * w + 2 * i + 1] = narrow<c10::BFloat16>(aj[32 * w + 16 + i] * inv);
+          }
+      }
+    }
+  });
+}
+
+using DecodeBf16Fn = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
+                              const int32_t*, const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                              int64_t, float);
+
+template <int DW>
+DecodeBf16Fn pick_bf16_group(int64_t G) {
+  switch (G) {
+    case 1: return decode_avx512_bf16<DW, 1>;
+    case 2: return decode_avx512_bf16<DW, 2>;
+    case 3: return decode_avx512_bf16<DW, 3>;
+    case 4: return decode_avx512_bf16<DW, 4>;
+    case 5: return decode_avx512_bf16<DW, 5>;
+    case 6: return decode_avx512_bf16<DW, 6>;
+    case 7: return decode_avx512_bf16<DW, 7>;
+    case 8: return decode_avx512_bf16<DW, 8>;
+    default: return nullptr;
+  }
+}
+
+inline DecodeBf16Fn pick_avx512_bf16(int64_t D, int64_t G, int64_t BS) {
+  if (BS % 16 != 0) return nullptr;
+  if (D == 64) return pick_bf16_group<2>(G);
+  if (D == 128) return pick_bf16_group<4>(G);
+  return nullptr;
+}
+#endif
+
 // The AVX-512 instance for (D, G), or nullptr where none is compiled (then the portable loop).
 template <typename scalar_t>
 using DecodeFn = void (*)(scalar_t*, const scalar_t*, const scalar_t*, const scalar_t*, const int32_t*,
@@ -201,6 +361,14 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* rows = token_idx.data_ptr<int64_t>();
   const int64_t q_stride = query.stride(0);
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (DecodeBf16Fn fn = pick_avx512_bf16(D, G, BS)) {
+      fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
+      return;
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   if (DecodeFn<scalar_t> fn = pick_avx512<scalar_t>(D, G)) {
     fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
