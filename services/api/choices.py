@@ -52,9 +52,9 @@ class Choices:
         for gen, queue in zip(self.gens, queues, strict=True):
             gen.attach(queue)
 
-    async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[tuple[int, Output]]:
+    async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[tuple[int, Output]]:
         """(index, output) of every sequence as they come, until all are finished; a client
-        gone aborts them all."""
+        gone aborts them all (is_disconnected None: the caller watches the client)."""
         if len(self.gens) == 1:
             async for out in outputs_until_disconnect(self.gens[0], is_disconnected):
                 yield 0, out

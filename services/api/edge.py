@@ -79,9 +79,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def outputs_until_disconnect(gen: Generation,
-                                   is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[Output]:
+                                   is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[Output]:
     """The generation's outputs; checks every DISCONNECT_POLL_S that the client is still
-    there (also while the request is queued and nothing flows) and aborts it if not."""
+    there (also while the request is queued and nothing flows) and aborts it if not.
+    is_disconnected None: the caller watches the connection itself (a streaming response
+    listens for the disconnect message and cancels this iteration)."""
+    if is_disconnected is None:
+        while (out := await gen.next()) is not None:
+            yield out
+        return
     next_check = time.monotonic() + DISCONNECT_POLL_S
     while not gen.finished:
         try:

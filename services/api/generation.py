@@ -118,7 +118,12 @@ class Generation:
         """The next output, or None once finished; TimeoutError if none came in `timeout`."""
         if self.finished or self._queue is None:
             return None
-        delta = await asyncio.wait_for(self._queue.get(), timeout)
+        if not self._queue.empty():  # the common case while streaming: no task, no timer
+            delta = self._queue.get_nowait()
+        elif timeout is None:
+            delta = await self._queue.get()
+        else:
+            delta = await asyncio.wait_for(self._queue.get(), timeout)
         if delta is None or self.finished:  # woken by abort()
             return None
         return self._apply(delta)

@@ -40,6 +40,7 @@ from shared.streams import HEARTBEAT_INTERVAL_S, Keys
 log = logging.getLogger("pagedserve.api.loop")
 
 GROUP = "api"
+MAX_REDIS_CONNECTIONS = 64  # for the submits of a burst, the readers and the heartbeat
 _TRANSIENT = REDIS_ERRORS
 
 
@@ -62,8 +63,12 @@ class ApiLoop:
         self._commands: dict[str, asyncio.Future] = {}  # SetPolicy command_id -> its PolicyReply
         self.api_id = api_id or uuid.uuid4().hex[:12]
         self.submit_timeout_s = submit_timeout_s
-        self.redis = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=3,
-                                       health_check_interval=30)
+        # a burst of submissions waits for a free connection (up to the submit timeout)
+        # instead of failing with "Too many connections" and retrying
+        pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=MAX_REDIS_CONNECTIONS,
+                                                        timeout=submit_timeout_s, socket_timeout=10,
+                                                        socket_connect_timeout=3, health_check_interval=30)
+        self.redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         self._in_flight: dict[str, _InFlight] = {}
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()

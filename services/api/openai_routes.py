@@ -2,8 +2,9 @@
 
 Everything that can reject a request (body, validation, tokenizing, the submit itself)
 happens before a response starts, so a 4xx/503 never follows a 200 that already opened a
-stream. A client that goes away, streaming or not, running or still queued, aborts its
-request within DISCONNECT_POLL_S.
+stream. A client that goes away, running or still queued, aborts its request: a streaming
+one as soon as its disconnect arrives (GenerationStream listens for it), a waiting one
+within DISCONNECT_POLL_S.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -69,7 +71,7 @@ async def _sse_events(choices: Choices, request: Request):
         for index in range(len(choices.gens)):
             yield fmt.sse(fmt.chat_role_chunk(choices, index))
     text_offsets = [0] * len(choices.gens)
-    async for index, out in choices.outputs(request.is_disconnected):
+    async for index, out in choices.outputs(None):  # GenerationStream watches the client
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
         yield fmt.sse(fmt.chat_chunk(choices, index, out) if chat
@@ -92,7 +94,17 @@ class GenerationStream(StreamingResponse):
         self.choices = choices
 
     async def __call__(self, scope, receive, send) -> None:
+        # Always listen for the client's disconnect beside the stream, whatever ASGI spec
+        # version the server speaks (Starlette skips its listener from 2.4 on and would then
+        # notice a client gone only at its next write): the events iterate without polling.
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
         finally:
             self.choices.close("stream ended early")
