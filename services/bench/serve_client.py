@@ -6,6 +6,9 @@ greedy, `ignore_eos` and `stream_options.include_usage`, so any OpenAI-compatibl
 Poisson process at `request_rate` (inf: all at once, a burst), and at most
 `max_concurrency` requests are in flight.
 
+Plain http:// servers are read by services.bench.http_stream (a lean reader: the client
+shares the machine with the server), https:// ones by httpx.
+
 Per request it records, on the client's clock: TTFT (send -> first non-empty chunk), the
 gap between consecutive content chunks (ITL), end-to-end latency and the output token count
 (the usage the server reports, else the number of content chunks).
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from services.bench.http_stream import StreamError, post_sse
 from services.bench.workloads import BenchRequest
 
 
@@ -42,43 +46,78 @@ class RequestRecord:
         return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, req: BenchRequest, headers: dict) -> RequestRecord:
-    body = {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.max_tokens, "temperature": 0.0,
+class _Tally:
+    """Turns a stream's `data:` payloads into a RequestRecord's timings and counts."""
+
+    def __init__(self, record: RequestRecord, started: float):
+        self.record, self.started, self.last = record, started, started
+        self.num_chunks = 0
+        self.ended = False  # [DONE] seen
+
+    def on_data(self, data: bytes | str, now: float) -> None:
+        if self.ended or not data:
+            return
+        if data in (b"[DONE]", "[DONE]"):
+            self.ended = True
+            return
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            self.record.num_output_tokens = chunk["usage"].get("completion_tokens", 0)
+        choices = chunk.get("choices") or []
+        if not choices or not choices[0].get("text"):
+            return
+        if self.num_chunks == 0:
+            self.record.ttft_s = now - self.started
+        else:
+            self.record.itl_s.append(now - self.last)
+        self.last = now
+        self.num_chunks += 1
+
+    def finish(self) -> RequestRecord:
+        self.record.e2e_s = time.perf_counter() - self.started
+        self.record.num_output_tokens = self.record.num_output_tokens or self.num_chunks
+        self.record.ok = True
+        return self.record
+
+
+def _body(model: str, req: BenchRequest) -> dict:
+    return {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def _one_lean(url: str, model: str, req: BenchRequest, headers: dict) -> RequestRecord:
+    """An http:// server: services.bench.http_stream, the client's CPU kept off the server's."""
     record = RequestRecord(num_prompt_tokens=len(req.prompt_token_ids))
-    started = last = time.perf_counter()
-    num_chunks = 0
+    tally = _Tally(record, time.perf_counter())
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        status, error_body = await post_sse(url, json.dumps(_body(model, req)).encode(), headers, tally.on_data)
+    except (StreamError, json.JSONDecodeError) as e:
+        record.error = f"{type(e).__name__}: {e}"
+        return record
+    if status != 200:
+        record.error = f"HTTP {status}: {error_body[:200]!r}"
+        return record
+    return tally.finish()
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, req: BenchRequest, headers: dict) -> RequestRecord:
+    """Any server httpx reaches (https included)."""
+    record = RequestRecord(num_prompt_tokens=len(req.prompt_token_ids))
+    tally = _Tally(record, time.perf_counter())
+    try:
+        async with client.stream("POST", url, json=_body(model, req), headers=headers) as response:
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return record
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if line.startswith("data:"):
+                    tally.on_data(line[5:].strip(), time.perf_counter())
+                if tally.ended:
                     break
-                chunk = json.loads(data)
-                if chunk.get("usage"):
-                    record.num_output_tokens = chunk["usage"].get("completion_tokens", 0)
-                choices = chunk.get("choices") or []
-                if not choices or not choices[0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if num_chunks == 0:
-                    record.ttft_s = now - started
-                else:
-                    record.itl_s.append(now - last)
-                last = now
-                num_chunks += 1
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         record.error = f"{type(e).__name__}: {e}"
         return record
-    record.e2e_s = time.perf_counter() - started
-    record.num_output_tokens = record.num_output_tokens or num_chunks
-    record.ok = True
-    return record
+    return tally.finish()
 
 
 async def run_load(base_url: str, model: str, requests: list[BenchRequest], request_rate: float,
@@ -86,6 +125,7 @@ async def run_load(base_url: str, model: str, requests: list[BenchRequest], requ
                    on_done=None) -> tuple[list[RequestRecord], float]:
     """Send every request; (records in request order, wall seconds from first send)."""
     url = base_url.rstrip("/") + "/v1/completions"
+    lean = url.startswith("http://")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or len(requests))
     rng = random.Random(seed)
@@ -94,7 +134,8 @@ async def run_load(base_url: str, model: str, requests: list[BenchRequest], requ
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
         async def guarded(req: BenchRequest) -> RequestRecord:
             async with limit:
-                record = await _one(client, url, model, req, headers)
+                record = await (_one_lean(url, model, req, headers) if lean
+                                else _one(client, url, model, req, headers))
             if on_done is not None:
                 on_done(record)
             return record
