@@ -79,6 +79,20 @@ def run_step(model, kv_caches, requests: list[tuple[list[int], int, list[int]]])
     return model(input_ids, positions, kv_caches, meta, ReferenceBackend())
 
 
+# bf16 keeps 8 significant bits: near a logit of 25 one step is 0.125, so a bf16 model cannot
+# rank tokens whose float32 logits are closer than that (SmolLM2's first answer token to
+# QUESTION leads the runner-up by 0.082 in float32; in bf16 the two tie at 25.5, and which
+# one wins depends on the last rounding of the CPU's kernels)
+BF16_LOGIT_TIE = 0.25  # two bf16 steps at |logit| ~ 25
+
+
+def assert_bf16_choice(exact_logits: torch.Tensor, token: int) -> None:
+    """A bf16 model's greedy token is float32's, or one that float32 rates within a bf16 tie."""
+    best = int(exact_logits.argmax())
+    gap = float(exact_logits[best] - exact_logits[token])
+    assert token == best or gap <= BF16_LOGIT_TIE, f"bf16 chose {token}, {gap:.3f} below float32's {best}"
+
+
 def greedy(model, prompt: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
     kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
     hidden = run_step(model, kv_caches, [(prompt, 0, BLOCK_TABLE)])
@@ -218,7 +232,8 @@ def test_bfloat16_model_runs_and_agrees_on_first_token(loaded, model, hf_tokeniz
     bf16.load_state_dict_canonical(state)
     assert bf16.layers[0].qkv_proj.dtype == torch.bfloat16
     prompt = chat_ids(hf_tokenizer, QUESTION)
-    assert greedy(bf16.eval(), prompt, 1, [])[0] == greedy(model, prompt, 1, [])[0]
+    exact = run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE), [(prompt, 0, BLOCK_TABLE)])
+    assert_bf16_choice(model.compute_logits(exact[-1:])[0], greedy(bf16.eval(), prompt, 1, [])[0])
 
 
 @slow
@@ -246,8 +261,8 @@ def test_bfloat16_fused_kernels_are_as_close_to_float32_as_plain_torch(loaded, m
         error_torch = float((torch_ops - exact).norm() / exact.norm())
         assert error_ours < 1.25 * error_torch + 1e-3, f"step {i}: fused {error_ours:.4f}, plain {error_torch:.4f}"
         if i == 0:  # the answer's first token
-            assert int(fused.compute_logits(ours[-1:].bfloat16()).argmax(-1)) == \
-                int(model.compute_logits(exact[-1:]).argmax(-1))
+            assert_bf16_choice(model.compute_logits(exact[-1:])[0],
+                               int(fused.compute_logits(ours[-1:].bfloat16()).argmax(-1)))
 
 
 def test_build_model_from_hf_dir_untied_llama3_rope(tmp_path):
