@@ -51,7 +51,7 @@ async def _serve(request: Request, cls) -> Response:
     choices = Choices(state, prepared, request)
     await choices.start()
     if prepared.stream:
-        return GenerationStream(choices, _sse_events(choices, request))
+        return GenerationStream(choices, _sse_events(choices))
     try:
         async for _ in choices.outputs(request.is_disconnected):
             pass
@@ -64,7 +64,7 @@ async def _serve(request: Request, cls) -> Response:
     return JSONResponse(body)
 
 
-async def _sse_events(choices: Choices, request: Request):
+async def _sse_events(choices: Choices):
     chat = choices.prepared.kind == "chat"
     logprobs = choices.prepared.sampling.logprobs is not None
     if chat:

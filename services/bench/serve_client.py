@@ -17,6 +17,7 @@ gap between consecutive content chunks (ITL), end-to-end latency and the output 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -131,10 +132,12 @@ async def run_load(base_url: str, model: str, requests: list[BenchRequest], requ
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) + 8, max_keepalive_connections=64)
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
+    # httpx only for https: the lean reader opens its own connections
+    client = None if lean else httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits)
+    async with client or contextlib.nullcontext():
         async def guarded(req: BenchRequest) -> RequestRecord:
             async with limit:
-                record = await (_one_lean(url, model, req, headers) if lean
+                record = await (_one_lean(url, model, req, headers) if client is None
                                 else _one(client, url, model, req, headers))
             if on_done is not None:
                 on_done(record)
