@@ -50,8 +50,10 @@ class AllocCandidate:
         request the kvstore admits it only if the pool can hold all of them (plus a
         watermark), so a resumed long prompt is not admitted only to thrash.
     token_ids: for a waiting request, all its known tokens (prefix-hash lookup); for a
-        running one, the tokens this step computes (positions num_computed_tokens on), so
-        the kvstore hashes blocks of generated tokens as they fill.
+        running one, tokens at positions token_ids_start on (those the scheduler learnt
+        since its last candidate; -1: at the slots this step computes), so the kvstore
+        hashes blocks of generated tokens as they fill. With async scheduling they lag the
+        slots: a decode computes the position of a token sampled by a step still in flight.
     cache_salt: keys the prefix hash besides the tokens (and the model): requests with
         different salts never share a block.
     """
@@ -62,6 +64,7 @@ class AllocCandidate:
     is_waiting: bool = False
     token_ids: list[int] = field(default_factory=list)
     cache_salt: str = ""
+    token_ids_start: int = -1
 
 
 @dataclass

@@ -76,7 +76,8 @@ def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
     candidate = candidates[index]
     whole_table = manager.is_fresh_fork(candidate.request_id)  # the worker has not seen it
     while True:
-        new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens, candidate.token_ids)
+        new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens, candidate.token_ids,
+                                               candidate.token_ids_start)
         if new_block_ids is not None:
             if whole_table:
                 new_block_ids = manager.get_block_ids(candidate.request_id)
@@ -119,7 +120,8 @@ def _validate(manager: BlockManager, request: AllocRequest) -> None:
             raise ValueError(f"step {request.step_id}: {candidate.request_id!r} has a negative token count")
         if candidate.is_waiting and candidate.num_tokens < 1:
             raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has no tokens")
-        if not candidate.is_waiting and len(candidate.token_ids) not in (0, candidate.num_new_tokens):
+        if (not candidate.is_waiting and candidate.token_ids_start < 0
+                and len(candidate.token_ids) not in (0, candidate.num_new_tokens)):
             raise ValueError(f"step {request.step_id}: running {candidate.request_id!r} has "
                              f"{len(candidate.token_ids)} token ids for num_new_tokens={candidate.num_new_tokens}")
         if candidate.is_waiting and candidate.token_ids and len(candidate.token_ids) != candidate.num_tokens:

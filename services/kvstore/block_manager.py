@@ -88,10 +88,12 @@ class BlockManager:
         num_copies = int(num_new_tokens > 0 and table is not None and self._must_copy_last_block(table))
         return self.num_blocks_needed(request_id, num_total_tokens) + num_copies <= self.pool.num_free_blocks
 
-    def allocate_slots(self, request_id: str, num_new_tokens: int, token_ids: Sequence[int] = ()) -> list[int] | None:
+    def allocate_slots(self, request_id: str, num_new_tokens: int, token_ids: Sequence[int] = (),
+                       token_ids_start: int = -1) -> list[int] | None:
         """Cover num_new_tokens more slots; the new block ids, or None (and no change) if
-        the pool has too few free blocks. token_ids: the tokens of those slots, if known
-        (hashed as blocks fill). A shared partial last block is copied first (a fork)."""
+        the pool has too few free blocks. token_ids: tokens at positions token_ids_start
+        on (-1: the new slots' own), hashed as blocks fill; they may lag the slots (async
+        scheduling) but not leave a gap. A shared partial last block is copied first (a fork)."""
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if not self.can_allocate(request_id, num_new_tokens):
@@ -103,7 +105,7 @@ class BlockManager:
             if self._must_copy_last_block(table):
                 self._copy_last_block(table)
             table.is_fresh_fork = False
-        start = table.num_tokens
+        start = table.num_tokens if token_ids_start < 0 else token_ids_start
         table.num_tokens += num_new_tokens
         new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
         table.blocks.extend(new_blocks)

@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share cached prefix blocks between requests (default)")
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                         help="no prefix sharing (to compare)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="the scheduler plans the next step while the worker runs the current one")
     parser.add_argument("--api-key", default=os.environ.get("PAGEDSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (env PAGEDSERVE_API_KEY)")
     parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or "pagedserve",
@@ -95,6 +97,8 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
         worker += ["--device", args.device]
     api = ["--model", args.model, "--host", args.host, "--port", str(args.port)]
     scheduler = ["--policy", args.policy, "--policy-options", args.policy_options]
+    if not getattr(args, "async_scheduling", True):
+        scheduler.append("--no-async-scheduling")
     for option, extra in (("max_num_seqs", scheduler), ("max_waiting_requests", scheduler),
                           ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api)):
         if getattr(args, option, None) is not None:

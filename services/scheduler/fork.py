@@ -72,6 +72,7 @@ class ForkGroups:
         for child in children:
             child.status = RequestStatus.RUNNING
             child.num_computed_tokens = parent.num_computed_tokens
+            child.num_kv_known_tokens = parent.num_kv_known_tokens  # its table is the parent's
             child.is_fresh_fork = True
         self._forks.append(Fork(parent.request_id, [c.request_id for c in children]))
         return children

@@ -5,10 +5,15 @@ aborts, read only once a worker has said hello, since a Request needs its eos id
 kv_reply, worker_results and worker_hello. A step, while there is work and both peers
 are up: schedule() -> AllocRequest -> the AllocReply of that step_id -> on_alloc() ->
 StepPlan -> the StepResult of that step_id -> on_result() -> one DeltaBatch per api.
-Submissions read meanwhile are applied between steps. Only the chain of the step itself is
-on the critical path: the DeltaBatches and the stats of step N go out while the kvstore
-allocates step N+1, and no extra read is made between steps (the waits for the replies
-read every stream).
+Submissions read meanwhile are applied between steps. The DeltaBatches and the stats of
+step N go out while the kvstore allocates the next step, and no extra read is made
+between steps (the waits for the replies read every stream).
+
+Async scheduling (the default; Scheduler.max_steps_in_flight == 2): once plan N is out,
+step N+1 is scheduled, allocated and planned while the worker runs N, and only then is
+N's result awaited. The worker finds plan N+1 waiting when it finishes N, so the chain
+scheduler -> kvstore -> scheduler -> worker is off the critical path. A reply that comes
+while another is awaited (result N while the alloc reply of N+1 is) is kept for its turn.
 
 Crash handling. Step ids start at the wall clock in microseconds, so a late reply to a
 dead predecessor never matches. Heartbeats are checked every CHECK_INTERVAL_S, also while
@@ -32,7 +37,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 
 from services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
 from services.scheduler.policies.registry import PolicyError, load_policy
@@ -77,8 +82,9 @@ class SchedulerLoop:
         self.worker_inc: str | None = None  # None: no live worker accepted
         self.kv_inc: str | None = None
         self.reset_kv = self.reset_worker = True
-        self.awaiting: tuple[str, int] | None = None
-        self.reply: AllocReply | StepResult | None = None
+        # replies the open steps still owe, by (stream, step_id); None until it came
+        self.replies: dict[tuple[str, int], AllocReply | StepResult | None] = {}
+        self.plans: deque[StepPlan] = deque()  # sent, result not read yet; oldest first
         self.step_broken = False
         self.strikes: Counter[str] = Counter()
         self.step_id = 0
@@ -134,15 +140,31 @@ class SchedulerLoop:
             await self._write_stats()
 
     async def _step(self) -> None:
+        """Plan a step if one may be and it pays (always with none in flight); then read
+        the oldest result, unless another step can be planned first."""
+        sched = self.sched
+        if sched.can_schedule() and (not sched.num_steps_in_flight or sched.has_work_ahead()):
+            await self._plan_step()
+            if sched.can_schedule() and sched.has_work_ahead():
+                return
+        if self.plans:
+            outbox = asyncio.ensure_future(self._flush_outbox_and_stats())  # the last result's deltas
+            try:
+                await self._read_result()
+            finally:
+                await outbox
+
+    async def _plan_step(self) -> None:
         self.step_broken = False
         alloc = self.sched.schedule()
         alloc.reset = self.reset_kv
+        self.replies[(self.keys.kv_reply, alloc.step_id)] = None
         await redis_io.send(self.r, self.keys.kv_alloc, alloc)
         # off the critical path: the previous step's deltas and the stats go out while the
         # kvstore allocates (on their own connections), and are awaited once the plan is out
         outbox = asyncio.ensure_future(self._flush_outbox_and_stats())
         try:
-            await self._step_after_alloc(alloc)
+            await self._send_plan(alloc)
         finally:
             await outbox
 
@@ -150,7 +172,7 @@ class SchedulerLoop:
         await self._flush_outbox()
         await self._write_stats()
 
-    async def _step_after_alloc(self, alloc) -> None:
+    async def _send_plan(self, alloc) -> None:
         reply = await self._await_reply(self.keys.kv_reply, alloc.step_id, "kvstore")
         if reply is None:
             return
@@ -161,16 +183,23 @@ class SchedulerLoop:
             return
         self.reset_kv = False
         plan.reset = self.reset_worker
+        self.reset_worker = False  # a reset plan is followed by plain ones; a failure sets it again
+        self.replies[(self.keys.worker_results, plan.step_id)] = None
+        self.plans.append(plan)
         await redis_io.send(self.r, self.keys.worker_plan(self.hello.worker_id), plan)
+
+    async def _read_result(self) -> None:
+        self.step_broken = False
+        plan = self.plans[0]
         result = await self._await_reply(self.keys.worker_results, plan.step_id, "worker")
         if result is None:
             return
+        self.plans.popleft()
         try:
             deltas = self.sched.on_result(result)
         except (ValueError, RuntimeError) as e:
             self._worker_failed(plan, result, e)
             return
-        self.reset_worker = False
         self.strikes.clear()
         self.step_id = plan.step_id
         for delta in deltas:
@@ -180,18 +209,17 @@ class SchedulerLoop:
 
     async def _await_reply(self, stream: str, step_id: int, peer: str):
         """The reply of this step, or None if the step was abandoned meanwhile."""
-        self.awaiting, self.reply = (stream, step_id), None
+        key = (stream, step_id)
         deadline = time.monotonic() + self.step_timeout_s
-        try:
-            while self.reply is None and not self.step_broken and not self.stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._peers_failed(f"{peer} did not answer step {step_id} in {self.step_timeout_s:.0f}s")
-                    break
-                await self._poll(min(left, POLL_S))
-        finally:
-            self.awaiting = None
-        return None if self.step_broken or self.stop.is_set() else self.reply
+        while self.replies.get(key) is None and not self.step_broken and not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._peers_failed(f"{peer} did not answer step {step_id} in {self.step_timeout_s:.0f}s")
+                break
+            await self._poll(min(left, POLL_S))
+        if self.step_broken or self.stop.is_set():
+            return None
+        return self.replies.pop(key)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -204,14 +232,14 @@ class SchedulerLoop:
         for entry in await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms):
             if entry.error is not None:
                 log.error("bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
-                if self.awaiting is not None and entry.stream == self.awaiting[0]:
+                if any(stream == entry.stream for stream, _ in self.replies):
                     self._peers_failed(f"undecodable reply on {entry.stream}")
             elif entry.stream == self.keys.requests:
                 self.inbox.append(entry.message)
             elif entry.stream == self.keys.worker_hello:
                 await self._on_hello(entry.entry_id, entry.message)
-            elif self.awaiting == (entry.stream, entry.message.step_id):
-                self.reply = entry.message
+            elif self.replies.get((entry.stream, entry.message.step_id), False) is None:
+                self.replies[(entry.stream, entry.message.step_id)] = entry.message
             else:
                 log.debug("stale reply for step %s on %s ignored", entry.message.step_id, entry.stream)
         if time.monotonic() >= self.next_check:
@@ -327,6 +355,8 @@ class SchedulerLoop:
         self.reset_kv = self.reset_worker = True
         self.step_broken = True
         self.stats_dirty = True
+        self.replies.clear()  # every open step is abandoned: late replies are stale
+        self.plans.clear()
 
     def _worker_failed(self, plan: StepPlan, result: StepResult, error: Exception) -> None:
         sampled = {token.request_id for token in result.sampled}

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="admission: past this many waiting tokens (prompt + max_tokens) the api answers 429")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="plan the next step while the worker runs the current one (default on)")
     parser.add_argument("--step-timeout", type=float, default=30.0,
                         help="seconds to wait for the kvstore's or the worker's reply before resetting them")
 
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.critical("bad config: %s", e)
         return 2
-    log.info("scheduler starting: redis=%s prefix=%s policy=%s", args.redis_url, args.prefix, policy.name)
+    log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s", args.redis_url, args.prefix,
+             policy.name, args.async_scheduling)
 
     async def main(stop) -> int:
         r = await redis_io.connect(args.redis_url)
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             scheduler = Scheduler(policy, max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests,
-                                  max_waiting_tokens=args.max_waiting_tokens)
+                                  max_waiting_tokens=args.max_waiting_tokens,
+                                  max_steps_in_flight=2 if args.async_scheduling else 1)
             return await SchedulerLoop(r, Keys(args.prefix), scheduler, args.step_timeout).run(stop)
         finally:
             await r.aclose()

@@ -3,7 +3,11 @@
 Counters, not phases. A request knows `num_tokens` (prompt + generated) and
 `num_computed_tokens` (tokens whose KV is in the pool). While
 num_computed_tokens < num_tokens - 1 it is prefilling (possibly in chunks); a decode is the
-case num_computed_tokens == num_tokens - 1. Invariant for a RUNNING request between steps:
+case num_computed_tokens == num_tokens - 1. num_computed_tokens also counts the tokens of
+steps in flight (advanced when the step is planned), so a scheduler that plans step N+1
+before step N's result (async scheduling) does not compute them twice. Such a step samples
+a token whose id is not known yet: num_pending_tokens counts those, and num_tokens does not
+include them. Invariant for a RUNNING request between steps with nothing in flight:
 0 <= num_computed_tokens < num_tokens_to_compute, so it always wants at least one token.
 
 A fork parent (sampling.n > 1, see services/scheduler/fork.py) computes all but its last
@@ -67,6 +71,10 @@ class Request:
     arrival_seq: int = field(default=0, init=False)
     # a fork child not granted a step yet: its first plan sends the worker everything
     is_fresh_fork: bool = field(default=False, init=False)
+    # tokens sampled by steps in flight whose ids the scheduler has not seen yet
+    num_pending_tokens: int = field(default=0, init=False)
+    # prompt + output tokens the kvstore has been told (it hashes blocks as they fill)
+    num_kv_known_tokens: int = field(default=0, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -86,9 +94,19 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        """How far its computation goes: every known token, but a fork parent stops
-        before its last prompt token (each child computes that one)."""
-        return self.num_tokens - 1 if self.is_fork_parent else self.num_tokens
+        """How far its computation goes: every token, pending ones too, but a fork parent
+        stops before its last prompt token (each child computes that one)."""
+        return self.num_tokens - 1 if self.is_fork_parent else self.num_tokens + self.num_pending_tokens
+
+    def num_tokens_wanted(self, max_model_len: int) -> int:
+        """Tokens a step could compute for it now: 0 while everything is in flight, or
+        when the pending tokens already reach max_tokens or max_model_len (only their
+        results are awaited)."""
+        if self.num_pending_tokens and (
+                self.num_output_tokens + self.num_pending_tokens >= self.sampling.max_tokens
+                or self.num_tokens + self.num_pending_tokens >= max_model_len):
+            return 0
+        return self.num_tokens_to_compute - self.num_computed_tokens
 
     def token_ids_between(self, start: int, stop: int) -> list[int]:
         """Tokens at positions [start, stop) of prompt + output, without building the whole list."""
@@ -118,14 +136,17 @@ class Request:
         At least the last token is always computed, so the step that reaches it samples.
         """
         self.num_computed_tokens = min(num_cached_tokens, self.num_tokens - 1)
+        self.num_kv_known_tokens = self.num_tokens_to_compute  # a waiting candidate sends them all
         if self.status is RequestStatus.WAITING:
             self.num_cached_tokens = self.num_computed_tokens
         self.status = RequestStatus.RUNNING
 
     def preempt(self) -> None:
-        """RUNNING -> PREEMPTED: its blocks are gone; it recomputes prompt + output later."""
+        """RUNNING -> PREEMPTED: its blocks are gone; it recomputes prompt + output later.
+        A step in flight still delivers its pending token (num_pending_tokens stays)."""
         self.status = RequestStatus.PREEMPTED
         self.num_computed_tokens = 0
+        self.num_kv_known_tokens = 0
         self.num_preemptions += 1
         self.is_fresh_fork = False
 

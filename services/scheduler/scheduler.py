@@ -10,6 +10,15 @@ worker in between (in-process or over Redis):
 Drive it `while scheduler.has_requests()`: a step with no tokens still carries frees to the
 kvstore, dropped ids to the worker and abort deltas to the api.
 
+Async scheduling (max_steps_in_flight=2): the next step may be scheduled, allocated and
+planned while one step is in flight (after its on_alloc, before its on_result), so the
+worker finds plan N+1 waiting when it finishes step N. Each decode of step N+1 computes
+the position of the token step N samples; the worker knows that token, the scheduler
+does not yet (Request.num_pending_tokens). Results come back in step order. Costs: a
+request that stops at step N (EOS, a stop token) computes one wasted token in step N+1,
+and its blocks are freed one step later; max_tokens and max_model_len are known ahead
+and never overrun.
+
 Invariants between steps:
 - every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING),
   except the children of an n > 1 request, held in no queue until its prefill is done
@@ -37,12 +46,13 @@ import itertools
 from collections import deque
 
 from services.scheduler.admission import admission_table, queue_stats
+from services.scheduler.displacement import pick_displaced
 from services.scheduler.fork import ForkGroups
 from services.scheduler.policy import SchedulingPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta
 from services.scheduler.stats import SchedulerCounters, SchedulerStats
-from services.scheduler.step import CandidateStep, InFlightStep, build_candidates
+from services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
 from shared.messages import (
     ALLOC_NOT_ADMITTED,
     ALLOC_OK,
@@ -64,9 +74,13 @@ class Scheduler:
         max_model_len: int = 8192,
         max_waiting_requests: int | None = None,
         max_waiting_tokens: int | None = None,
+        max_steps_in_flight: int = 1,
     ) -> None:
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
+        if max_steps_in_flight not in (1, 2):
+            raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
+        self.max_steps_in_flight = max_steps_in_flight
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -84,7 +98,7 @@ class Scheduler:
         self._abort_deltas: list[RequestDelta] = []  # for the next on_result()
         self._aborts_after_alloc: list[str] = []  # aborted while awaiting the alloc reply
         self._pending: CandidateStep | None = None  # between schedule() and on_alloc()
-        self._in_flight: InFlightStep | None = None  # between on_alloc() and on_result()
+        self._in_flight: deque[InFlightStep] = deque()  # planned, not answered yet; oldest first
         self._counters = SchedulerCounters()
         self._forks = ForkGroups()
 
@@ -153,7 +167,25 @@ class Scheduler:
         return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas)
 
     def has_requests(self) -> bool:
-        return self.has_unfinished_requests() or self.has_finished_requests()
+        """Something is left to step: a live request, a finished one to deliver, or a step
+        in flight whose result must still be read."""
+        return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
+
+    @property
+    def num_steps_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def can_schedule(self) -> bool:
+        """schedule() may be called now: no step awaits its alloc reply and fewer than
+        max_steps_in_flight are planned."""
+        return self._pending is None and len(self._in_flight) < self.max_steps_in_flight
+
+    def has_work_ahead(self) -> bool:
+        """A step scheduled now would compute something: a running request wants a token,
+        or a waiting one could be offered. With a step in flight, scheduling the next one
+        pays only then (frees and aborts ride with the step after its result)."""
+        return (any(r.num_tokens_wanted(self.max_model_len) > 0 for r in self._running)
+                or any(not r.num_pending_tokens for r in self._waiting))
 
     @property
     def num_waiting(self) -> int:
@@ -172,21 +204,26 @@ class Scheduler:
         return admission_table(self.policy, queue)
 
     def set_policy(self, policy: SchedulingPolicy) -> None:
-        """Swap the policy; only between steps, so no step mixes two policies' orders."""
-        if self._pending is not None or self._in_flight is not None:
+        """Swap the policy; only between steps (steps in flight were ordered whole by the
+        old one), so no step mixes two policies' orders."""
+        if self._pending is not None:
             raise RuntimeError("the policy can only change between steps")
         self.policy = policy
 
     # ---- the three phases of a step ----------------------------------------------------
 
     def schedule(self) -> AllocRequest:
-        if self._pending is not None or self._in_flight is not None:
-            raise RuntimeError("schedule() called while a step is still open")
+        if not self.can_schedule():
+            raise RuntimeError("schedule() called while a step awaits its alloc reply or too many are in flight")
         step_id = self._next_step_id
         self._next_step_id += 1
         running = self.policy.order_running(self._running)
         waiting = self.policy.order_waiting(list(self._waiting), list(self._running))
-        if self._displace(waiting, running):
+        victims = pick_displaced(self.policy, waiting, running, self.max_num_seqs, self.max_num_batched_tokens,
+                                 self._refused_ids)
+        if victims:
+            self._preempt(victims)
+            self._free_request_ids.extend(r.request_id for r in victims)  # the kvstore frees them first
             running = [r for r in running if r.status is RequestStatus.RUNNING]
         self._pending = build_candidates(
             step_id,
@@ -194,6 +231,7 @@ class Scheduler:
             waiting=waiting,  # a request displaced just now is not in it: not offered this step
             num_free_seqs=self.max_num_seqs - len(self._running),
             token_budget=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
         )
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
@@ -236,59 +274,75 @@ class Scheduler:
                 continue
             else:
                 continue  # not admitted (or not scheduled) this step: it keeps its place
-            in_flight.scheduled.append((request, num_scheduled))
+            in_flight.scheduled.append(self._plan_tokens(request, num_scheduled))
         if admitted:
             self._waiting = deque(r for r in self._waiting if r.status is not RequestStatus.RUNNING)
         self._preempt(preempted)
         self._running.extend(admitted)
         plan.finished_request_ids, self._worker_finished_ids = self._worker_finished_ids, []
-        self._in_flight = in_flight
+        self._in_flight.append(in_flight)
         self._apply_aborts_after_alloc()  # now in flight: their tokens will be dropped
         return plan
 
+    def _plan_tokens(self, request: Request, num_scheduled: int) -> ScheduledRequest:
+        """Count a planned step's tokens as computed now (module doc: async scheduling)."""
+        end = request.num_computed_tokens + num_scheduled
+        entry = ScheduledRequest(request, num_scheduled,
+                                 samples=end == request.num_tokens + request.num_pending_tokens,
+                                 completes=end == request.num_tokens_to_compute)
+        self._counters.count_computed(request, num_scheduled)
+        request.num_computed_tokens = end
+        request.num_pending_tokens += entry.samples
+        return entry
+
     def on_result(self, result: StepResult) -> list[RequestDelta]:
-        in_flight = self._in_flight
-        if in_flight is None or result.step_id != in_flight.step_id:
+        if not self._in_flight or result.step_id != self._in_flight[0].step_id:
             raise RuntimeError(f"unexpected step result for step {result.step_id}")
-        sampled = in_flight.sampled_tokens(result)
-        self._in_flight = None
+        sampled = self._in_flight[0].sampled_tokens(result)
+        in_flight = self._in_flight.popleft()
         deltas, self._abort_deltas = self._abort_deltas, []
-        num_finished = 0
-        for request, num_scheduled in in_flight.scheduled:
-            if request.is_finished:
-                continue  # aborted while the step ran: its token is dropped
-            self._counters.count_computed(request, num_scheduled)
-            request.num_computed_tokens += num_scheduled
-            token = sampled.get(request.request_id)
-            if token is None:
-                if self._forks.is_ready(request):
+        finished: list[Request] = []
+        for entry in in_flight.scheduled:
+            request = entry.request
+            if request.is_finished or request.status is RequestStatus.FORKED:
+                continue  # aborted or stopped while the step ran: its token is dropped
+            if not entry.samples:
+                if entry.completes and request.status is RequestStatus.RUNNING and self._forks.is_ready(request):
                     self._fork(request)
                 continue  # mid-prefill chunk: nothing sampled yet
+            token = sampled[request.request_id]
+            request.num_pending_tokens -= 1
+            # a request preempted while the step ran keeps its token: it recomputes it later
             request.output_token_ids.append(token.token_id)
             self._counters.num_generation_tokens_total += 1
             finished_status = request.stop_status(self.max_model_len)
             if finished_status is not None:
                 self._finish(request, finished_status)
-                num_finished += 1
+                finished.append(request)
             logprobs = [token] if request.sampling.logprobs is not None else []
             deltas.append(request_delta(request, [token.token_id], logprobs))
-        if num_finished:
+        if finished:
             self._running = [r for r in self._running if not r.is_finished]
+            if any(r.is_finished for r in self._waiting):
+                self._waiting = deque(r for r in self._waiting if not r.is_finished)
         return deltas
 
     # ---- recovery: the kvstore or the worker lost its state ---------------------------
 
     def start_step_ids_at(self, step_id: int) -> None:
         """Number steps from step_id on (a wall clock: a dead predecessor's replies never match)."""
-        if self._pending is not None or self._in_flight is not None:
+        if self._pending is not None or self._in_flight:
             raise RuntimeError("step ids can only change between steps")
         self._next_step_id = step_id
 
     def preempt_all(self) -> list[Request]:
-        """Abandon the open step, if any, and send every running request back to waiting to
+        """Abandon the open steps, if any, and send every running request back to waiting to
         recompute from prompt + output so far (counted as preemptions). The caller resets
         the kvstore and the worker. Returns the moved requests, most important first."""
-        self._pending = self._in_flight = None
+        self._pending = None
+        self._in_flight.clear()
+        for request in self._requests.values():
+            request.num_pending_tokens = 0  # their steps' results will never be read
         self._forks.forget_forks()  # the kvstore is reset: no parent table is left to split
         moved = self.policy.order_running(self._running)
         moved += [r for r in self._running if r not in moved]  # any the policy left out
@@ -297,33 +351,6 @@ class Scheduler:
         return moved
 
     # ---- state transitions -------------------------------------------------------------
-
-    def _displace(self, waiting: list[Request], running: list[Request]) -> bool:
-        """Before building a step: waiting requests, in the policy's order, that need room
-        (no free sequence slot, or the pool refused them last step) take the place of the
-        tail of the running order where policy.may_displace allows. The first that may not
-        stops it (head of line: the rest are less important). Only while the step's token
-        budget, after every remaining decode, leaves the displacer a token."""
-        survivors = list(running)
-        planned: list[Request] = []  # waiting requests this step will offer
-        num_free_seqs = self.max_num_seqs - len(running)
-        budget = self.max_num_batched_tokens - len(running)
-        victims: list[Request] = []
-        for candidate in waiting:
-            if budget <= 0:
-                break
-            if num_free_seqs <= 0 or candidate.request_id in self._refused_ids:
-                if not survivors or not self.policy.may_displace(candidate, survivors[-1], survivors + planned):
-                    break
-                victims.append(survivors.pop())
-                budget += 1  # the victim's decode token is not spent
-            else:
-                num_free_seqs -= 1
-            planned.append(candidate)
-            budget -= candidate.num_tokens
-        self._preempt(victims)
-        self._free_request_ids.extend(r.request_id for r in victims)  # the kvstore frees them first
-        return bool(victims)
 
     def _preempt(self, preempted: list[Request]) -> None:
         """RUNNING -> PREEMPTED, back to the front of waiting, most important first. The

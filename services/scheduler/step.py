@@ -13,11 +13,18 @@ Candidates keep the policy's order (running first, then waiting) whatever pass g
 their tokens, because the kvstore preempts from the tail of that order.
 Invariant: the sum of num_new_tokens over the candidates is <= token_budget.
 
+A running request that wants no token now (everything it can compute is in flight, see
+Request.num_tokens_wanted) is no candidate. A running candidate tells the kvstore the
+tokens it has learnt since its last candidate (token_ids from token_ids_start): with a
+step in flight these lag the slots by the pending tokens, so blocks are hashed a step
+later, never with a gap. A waiting request with a pending token (preempted while a step
+that samples it ran) waits for that token before it is offered again.
+
 InFlightStep (on_alloc() -> on_result()): what the plan scheduled, and what the worker's
 answer must look like: one token for exactly those scheduled requests whose step reaches
-the end of their known tokens (num_computed_tokens + num_scheduled == num_tokens); a
-prefill chunk short of the end samples nothing. A request aborted while the step ran may
-or may not get a token; it is dropped either way.
+the end of their tokens, pending ones included (`samples`, fixed when the step is
+planned); a prefill chunk short of the end samples nothing. A request aborted while the
+step ran may or may not get a token; it is dropped either way.
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ def build_candidates(
     waiting: list[Request],
     num_free_seqs: int,
     token_budget: int,
+    max_model_len: int,
 ) -> CandidateStep:
     """running/waiting: in the policy's order. num_free_seqs: how many more may run."""
     budget_left = token_budget
+    wanted = {r.request_id: r.num_tokens_wanted(max_model_len) for r in running}
+    running = [r for r in running if wanted[r.request_id] > 0]
     granted: dict[str, int] = {}
     for request in running:
         if budget_left == 0:
@@ -54,23 +64,24 @@ def build_candidates(
     for request in running:
         if budget_left == 0 or request.request_id not in granted:
             break
-        wanted = request.num_tokens_to_compute - request.num_computed_tokens
-        extra = min(wanted - 1, budget_left)
+        extra = min(wanted[request.request_id] - 1, budget_left)
         granted[request.request_id] += extra
         budget_left -= extra
 
     step = CandidateStep(step_id)
     for request in running:
         if request.request_id in granted:
-            # the tokens this step computes, so the kvstore can hash blocks as they fill
-            start = request.num_computed_tokens
-            token_ids = request.token_ids_between(start, start + granted[request.request_id])
+            # the tokens learnt since its last candidate, so the kvstore hashes blocks as they fill
+            start, stop = request.num_kv_known_tokens, request.num_tokens_to_compute - request.num_pending_tokens
+            request.num_kv_known_tokens = max(start, stop)
             candidate = AllocCandidate(request.request_id, granted[request.request_id], request.num_tokens,
-                                       token_ids=token_ids)
+                                       token_ids=request.token_ids_between(start, stop), token_ids_start=start)
             step.candidates.append((request, candidate))
     for request in waiting:
         if budget_left == 0 or num_free_seqs <= 0:
             break
+        if request.num_pending_tokens:
+            continue  # its token is still in flight: offered once it is known
         # a fork parent shows the kvstore only what it computes (all but the last prompt token)
         num_tokens = request.num_tokens_to_compute
         num_new_tokens = min(num_tokens - request.num_computed_tokens, budget_left)
@@ -89,9 +100,17 @@ def build_candidates(
 
 
 @dataclass
+class ScheduledRequest:
+    request: Request
+    num_scheduled: int
+    samples: bool  # the step reaches the end of its tokens: the worker samples one
+    completes: bool  # the step reaches num_tokens_to_compute (a fork parent is then ready)
+
+
+@dataclass
 class InFlightStep:
     step_id: int
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens)
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
 
     def sampled_tokens(self, result: StepResult) -> dict[str, SampledToken]:
         """The result's tokens by request id; ValueError if they disagree with the plan."""
@@ -99,13 +118,12 @@ class InFlightStep:
         if len(sampled) != len(result.sampled):
             raise ValueError("step result samples twice for one request")
         scheduled_ids = set()
-        for request, num_scheduled in self.scheduled:
-            scheduled_ids.add(request.request_id)
-            if request.is_finished:
+        for entry in self.scheduled:
+            scheduled_ids.add(entry.request.request_id)
+            if entry.request.is_finished:
                 continue
-            reaches_end = request.num_computed_tokens + num_scheduled == request.num_tokens
-            if reaches_end != (request.request_id in sampled):
-                raise ValueError(f"step result and plan disagree on {request.request_id!r}")
+            if entry.samples != (entry.request.request_id in sampled):
+                raise ValueError(f"step result and plan disagree on {entry.request.request_id!r}")
         if not scheduled_ids.issuperset(sampled):
             raise ValueError("step result samples for a request that was not scheduled")
         return sampled

@@ -190,6 +190,49 @@ def run_step(scheduler: Scheduler, allocator, worker: FakeWorker) -> StepRecord:
     return StepRecord(alloc_request, alloc_reply, plan, result, deltas)
 
 
+@dataclass
+class PlannedStep:
+    alloc_request: AllocRequest
+    alloc_reply: AllocReply
+    plan: StepPlan
+
+
+def plan_step(scheduler: Scheduler, allocator) -> PlannedStep:
+    alloc_request = scheduler.schedule()
+    alloc_reply = allocator.step(alloc_request)
+    return PlannedStep(alloc_request, alloc_reply, scheduler.on_alloc(alloc_reply))
+
+
+def run_pipelined_step(scheduler: Scheduler, allocator, worker: FakeWorker,
+                       planned: deque[PlannedStep]) -> StepRecord | None:
+    """One turn of the scheduler service's async loop: plan the next step if it may and
+    it pays (always with nothing in flight), then read the oldest result unless planning
+    another one pays first. The worker runs a plan when its result is read: it runs plans
+    in order and nothing the scheduler does meanwhile reaches it before the next plan."""
+    if scheduler.can_schedule() and (not planned or scheduler.has_work_ahead()):
+        planned.append(plan_step(scheduler, allocator))
+        if scheduler.can_schedule() and scheduler.has_work_ahead():
+            return None
+    if not planned:
+        return None
+    step = planned.popleft()
+    result = worker.execute(step.plan)
+    return StepRecord(step.alloc_request, step.alloc_reply, step.plan, result, scheduler.on_result(result))
+
+
+def run_pipelined_until_done(scheduler: Scheduler, allocator, worker: FakeWorker, max_steps: int = 10_000,
+                             planned: deque[PlannedStep] | None = None) -> list[StepRecord]:
+    records: list[StepRecord] = []
+    planned = deque() if planned is None else planned
+    while scheduler.has_requests():
+        assert len(records) < max_steps, "scheduler made no progress"
+        record = run_pipelined_step(scheduler, allocator, worker, planned)
+        if record is not None:
+            records.append(record)
+    assert not planned
+    return records
+
+
 def run_until_done(scheduler: Scheduler, allocator, worker: FakeWorker, max_steps: int = 10_000) -> list[StepRecord]:
     records = []
     while scheduler.has_requests():
@@ -218,7 +261,9 @@ def make_stack(
     block_size: int = 4,
     prefix_hits: dict[str, int] | None = None,
     token_fn: Callable[[str, int], int] = token_at,
+    max_steps_in_flight: int = 1,
 ) -> tuple[Scheduler, CountingAllocator, FakeWorker]:
-    scheduler = Scheduler(FCFSPolicy(), max_num_seqs, max_num_batched_tokens, max_model_len)
+    scheduler = Scheduler(FCFSPolicy(), max_num_seqs, max_num_batched_tokens, max_model_len,
+                          max_steps_in_flight=max_steps_in_flight)
     allocator = CountingAllocator(num_blocks, block_size, prefix_hits)
     return scheduler, allocator, FakeWorker(block_size, token_fn)

@@ -6,12 +6,15 @@ Checked at teardown, after stepping until nothing is left: every request finishe
 non-aborted one with exactly the tokens and reason a run without any contention gives
 (so preemption and chunking change nothing), and the kvstore holds no block.
 
-Subclasses choose the kvstore (make_allocator) to run the same machine against the real one.
+Subclasses choose the kvstore (make_allocator) to run the same machine against the real one,
+or async scheduling (AsyncSchedulerMachine: up to two steps in flight, driven as the
+scheduler service drives them).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections import deque
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -19,7 +22,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from services.scheduler.policy import FCFSPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler import Scheduler
-from tests.scheduler.fakes import EOS, CountingAllocator, FakeWorker, make_request, run_step, token_at
+from tests.scheduler.fakes import (
+    EOS,
+    CountingAllocator,
+    FakeWorker,
+    PlannedStep,
+    make_request,
+    run_pipelined_step,
+    run_step,
+    token_at,
+)
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 48  # 12 blocks: the smallest pool below still holds any one request
@@ -45,6 +57,8 @@ def uncontended_output(request: Request) -> tuple[list[int], str]:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    max_steps_in_flight = 1
+
     def make_allocator(self, num_blocks: int):
         return CountingAllocator(num_blocks, BLOCK_SIZE)
 
@@ -54,7 +68,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_blocks=st.integers(12, 20),
     )
     def setup(self, max_num_seqs, token_budget, num_blocks):
-        self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs, token_budget, MAX_MODEL_LEN)
+        self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs, token_budget, MAX_MODEL_LEN,
+                                   max_steps_in_flight=self.max_steps_in_flight)
+        self.planned: deque[PlannedStep] = deque()
         self.num_blocks = num_blocks
         self.allocator = self.make_allocator(num_blocks)
         self.worker = FakeWorker(BLOCK_SIZE, sometimes_eos)
@@ -93,34 +109,47 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self):
-        record = run_step(self.scheduler, self.allocator, self.worker)
-        self._check_step(record.alloc_request, record.plan)
-        self._take(record.deltas)
+        record = self._run_one_step()
+        if record is not None:
+            self._check_step(record.alloc_request, record.plan)
+            self._take(record.deltas)
+
+    def _run_one_step(self):
+        return run_step(self.scheduler, self.allocator, self.worker)
 
     @precondition(lambda self: any(not r.is_finished for r in self.requests.values()))
     @rule(data=st.data(), phase=st.sampled_from(["before", "after_schedule", "after_alloc"]))
     def abort(self, data, phase):
         victim = data.draw(st.sampled_from(self._live_ids()))
-        if phase == "before":
+        if phase == "before" or not self.scheduler.can_schedule():  # async: two steps in flight
             assert self.scheduler.abort_request(victim)
             return
+        self._planned_with_abort(self._plan_with_abort(victim, phase))
+
+    def _planned_with_abort(self, step: PlannedStep) -> None:
+        self._take(self.scheduler.on_result(self.worker.execute(step.plan)))
+
+    def _plan_with_abort(self, victim: str, phase: str) -> PlannedStep:
+        """Plan a step, aborting victim after schedule() or after on_alloc()."""
         alloc_request = self.scheduler.schedule()
         if phase == "after_schedule":
             self.scheduler.abort_request(victim)
-        plan = self.scheduler.on_alloc(self.allocator.step(alloc_request))
+        reply = self.allocator.step(alloc_request)
+        plan = self.scheduler.on_alloc(reply)
         if phase == "after_alloc":
             self.scheduler.abort_request(victim)
-        self._take(self.scheduler.on_result(self.worker.execute(plan)))
         self._check_step(alloc_request, plan)
+        return PlannedStep(alloc_request, reply, plan)
 
     @rule(phase=st.sampled_from(["between", "after_schedule", "after_alloc"]))
     def peers_lose_state(self, phase):
         """The kvstore and the worker restart empty; running requests recompute."""
-        if phase != "between":
+        if phase != "between" and self.scheduler.can_schedule():
             alloc_request = self.scheduler.schedule()
             if phase == "after_alloc":
                 self.scheduler.on_alloc(self.allocator.step(alloc_request))
         self.scheduler.preempt_all()
+        self.planned.clear()  # async: their results are never read
         self.allocator = self.make_allocator(self.num_blocks)
         self.worker = FakeWorker(BLOCK_SIZE, sometimes_eos)
 
@@ -131,8 +160,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.scheduler.num_running == len(running)
         assert self.scheduler.num_waiting == len(live) - len(running)
         for request in live:
-            if request.status is RequestStatus.RUNNING:
-                assert 0 <= request.num_computed_tokens < request.num_tokens
+            if request.status is RequestStatus.RUNNING:  # a step in flight may sample its pending tokens
+                pending = request.num_pending_tokens
+                assert 0 <= request.num_computed_tokens < request.num_tokens + pending + (pending > 0)
             else:
                 assert request.num_computed_tokens == 0
         for request_id, output in self.outputs.items():
@@ -158,3 +188,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.allocator.check_integrity()
         assert self.allocator.num_free_blocks == self.allocator.num_blocks
         assert self.worker.requests == {}
+        assert not self.planned
+
+
+class AsyncSchedulerMachine(SchedulerMachine):
+    """Up to two steps in flight; aborts and peer loss land between any two phases."""
+
+    max_steps_in_flight = 2
+
+    def _run_one_step(self):
+        return run_pipelined_step(self.scheduler, self.allocator, self.worker, self.planned)
+
+    def _planned_with_abort(self, step: PlannedStep) -> None:
+        self.planned.append(step)  # its result is read by a later step

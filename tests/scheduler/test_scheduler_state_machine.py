@@ -2,7 +2,7 @@
 
 from hypothesis import HealthCheck, settings
 
-from tests.scheduler.scheduler_machine import SchedulerMachine
+from tests.scheduler.scheduler_machine import AsyncSchedulerMachine, SchedulerMachine
 
 TestSchedulerWithCountingAllocator = SchedulerMachine.TestCase
 TestSchedulerWithCountingAllocator.settings = settings(
@@ -12,3 +12,6 @@ TestSchedulerWithCountingAllocator.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
     report_multiple_bugs=False,
 )
+
+TestAsyncSchedulerWithCountingAllocator = AsyncSchedulerMachine.TestCase
+TestAsyncSchedulerWithCountingAllocator.settings = TestSchedulerWithCountingAllocator.settings

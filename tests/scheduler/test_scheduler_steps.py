@@ -37,7 +37,8 @@ def test_decodes_are_scheduled_before_a_new_prefill():
         1,
         [],
         [
-            AllocCandidate("a", 1, 11, token_ids=[token_at("a", 10)]),  # the decode's token, for hashing
+            # the token learnt since its admission (the decode's input), for hashing
+            AllocCandidate("a", 1, 11, token_ids=[token_at("a", 10)], token_ids_start=10),
             AllocCandidate("b", 31, 100, is_waiting=True, token_ids=b.prompt_token_ids),
         ],
     )

@@ -15,7 +15,7 @@ from tests.scheduler.fakes import (
     run_until_done,
     token_at,
 )
-from tests.scheduler.scheduler_machine import BLOCK_SIZE, SchedulerMachine
+from tests.scheduler.scheduler_machine import BLOCK_SIZE, AsyncSchedulerMachine, SchedulerMachine
 
 MACHINE_SETTINGS = settings(
     max_examples=100,
@@ -38,10 +38,19 @@ class PrefixCachingBlockManagerMachine(SchedulerMachine):
         return BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=True)
 
 
+class AsyncPrefixCachingBlockManagerMachine(AsyncSchedulerMachine):
+    """Async scheduling with the real kvstore: its tokens lag the slots by a step."""
+
+    def make_allocator(self, num_blocks: int):
+        return BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=True)
+
+
 TestSchedulerWithBlockManager = BlockManagerMachine.TestCase
 TestSchedulerWithBlockManager.settings = MACHINE_SETTINGS
 TestSchedulerWithPrefixCaching = PrefixCachingBlockManagerMachine.TestCase
 TestSchedulerWithPrefixCaching.settings = MACHINE_SETTINGS
+TestAsyncSchedulerWithPrefixCaching = AsyncPrefixCachingBlockManagerMachine.TestCase
+TestAsyncSchedulerWithPrefixCaching.settings = MACHINE_SETTINGS
 
 
 def _stack(num_blocks: int, block_size: int, prefix: bool, **scheduler_args):
