@@ -2,6 +2,8 @@
 
 - decode (attention/cpu_decode.cpp): paged decode attention straight from the block pool,
   float32 or bfloat16.
+- prefill (attention/cpu_prefill.cpp): paged causal prefill attention, bfloat16, where the
+  CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
 - fused (cpu_fused.cpp): bf16 RMSNorm, residual add + RMSNorm, SwiGLU and rotary, each
   one pass over memory, rounding as torch's op chains do.
 
@@ -31,7 +33,8 @@ from pathlib import Path
 log = logging.getLogger("pagedserve.worker")
 
 HERE = Path(__file__).parent
-SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "fused": HERE / "cpu_fused.cpp"}
+SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "attention" / "cpu_prefill.cpp",
+           "fused": HERE / "cpu_fused.cpp"}
 
 
 @contextlib.contextmanager

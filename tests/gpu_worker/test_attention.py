@@ -123,6 +123,29 @@ def test_bf16_kernel_over_block_sizes_head_dims_and_groups(block_size, head_dim,
     check_against_reference(TorchPagedBackend(use_kernel=True), *step)
 
 
+def _prefill_kernel_supported() -> bool:
+    from services.gpu_worker import cpu_extensions
+
+    module = cpu_extensions.load("prefill")
+    return module is not None and module.supported()
+
+
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (32, 128, 2), (16, 128, 8), (48, 64, 1)])
+def test_bf16_prefill_kernel_over_block_sizes_head_dims_and_groups(monkeypatch, block_size, head_dim, group):
+    # fresh prompts of 2, 16, 17 tokens and one past 16-row tiles of every group size;
+    # chunks after cached context ending mid-block and on a block boundary; decodes between
+    requests = [(2, 2), (16, 16), (17, 17), (1, 30), (5, 5 + block_size), (23, 23 + 3 * block_size - 7),
+                (70, 211), (1, 1), (33, 33)]
+    step = make_step(requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                     dtype=torch.bfloat16, seed=block_size * head_dim + group)
+    if _prefill_kernel_supported():  # every prefill must go through the kernel, not SDPA
+        def no_sdpa(*args, **kwargs):
+            raise AssertionError("SDPA ran where the prefill kernel should have")
+
+        monkeypatch.setattr(torch_paged.F, "scaled_dot_product_attention", no_sdpa)
+    check_against_reference(TorchPagedBackend(use_kernel=True), *step)
+
+
 @pytest.mark.parametrize("pad_tokens", [0, 1 << 30])
 def test_decode_buckets_one_per_length_or_one_for_all(monkeypatch, pad_tokens):
     monkeypatch.setattr(torch_paged, "PAD_TOKENS_PER_CALL", pad_tokens)

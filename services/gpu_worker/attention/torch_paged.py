@@ -7,9 +7,12 @@ attend() splits the step's ragged batch in two (see metadata.py for the batch se
   gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
   scaled_dot_product_attention with a key-padding mask. GQA costs no copy: the group's query
   heads become the query rows, q [b, Hkv, group, D] against k [b, Hkv, L, D].
-- prefill chunks (query_len > 1) run one SDPA each over their gathered context, causal with
-  the offset of the cached context; the group again rides along for free, as an expanded
-  (stride 0) head dimension of K/V.
+- prefill chunks (query_len > 1): in bf16 on a CPU with AVX-512 BF16, all of them in one
+  call of the C++ flash-attention kernel (cpu_prefill.cpp), which reads K/V from the pool
+  (6.8x SDPA's time on a 512-token prompt: 1.0 against 6.8 ms per layer on a Zen 5).
+  Otherwise one SDPA each over their gathered context, causal with the offset of the
+  cached context; the group again rides along for free, as an expanded (stride 0) head
+  dimension of K/V.
 
 Why buckets: SDPA's cost grows with the padded key length, so padding every decode to the
 longest context (contexts spread over 64..800) costs about 2.2x the bucketed version, while an
@@ -62,6 +65,16 @@ class _KernelDecodes:
 
 
 @dataclass
+class _KernelPrefills:
+    """Every prefill chunk of the step for the C++ kernel (cpu_prefill.cpp)."""
+
+    block_tables: torch.Tensor  # int32 [P, max_blocks], contiguous
+    seq_lens: torch.Tensor  # int32 [P]
+    q_lens: torch.Tensor  # int32 [P]
+    q_starts: torch.Tensor  # int64 [P], flat index of each chunk's first query token
+
+
+@dataclass
 class _Prefill:
     start: int  # flat token range [start, start + q_len)
     q_len: int
@@ -77,6 +90,8 @@ class _Plan:
     use_kernel: bool  # built for the C++ decode kernel
     decodes: list[_DecodeBucket]
     kernel_decodes: _KernelDecodes | None  # set when the C++ kernel is loaded; then decodes is empty
+    use_prefill_kernel: bool
+    kernel_prefills: _KernelPrefills | None  # set for the C++ prefill kernel; then prefills is empty
     prefills: list[_Prefill]
     workspace_rows: int  # most blocks any single gather needs
 
@@ -103,7 +118,8 @@ def _bucket_decodes(requests: list[int], seq_lens: list[int], block_size: int) -
     return buckets
 
 
-def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = False) -> _Plan:
+def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = False,
+                use_prefill_kernel: bool = False) -> _Plan:
     q_lens, s_lens = meta.query_lens_cpu, meta.seq_lens_cpu
     starts = [0]
     for q in q_lens:
@@ -132,16 +148,34 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
             mask=mask[:, None, None, :].to(device),
         ))
         rows = max(rows, len(bucket) * nb)
-    for i, (q, s) in enumerate(zip(q_lens, s_lens, strict=True)):
-        if q <= 1:
-            continue  # decodes are bucketed above; empty queries have nothing to compute
+    kernel_prefills = None
+    prefill_reqs = [i for i, q in enumerate(q_lens) if q > 1]
+    if use_prefill_kernel and prefill_reqs:
+        idx = torch.tensor(prefill_reqs, dtype=torch.int64)
+        kernel_prefills = _KernelPrefills(
+            block_tables=meta.block_tables.index_select(0, idx).contiguous(),
+            seq_lens=torch.tensor([s_lens[i] for i in prefill_reqs], dtype=torch.int32),
+            q_lens=torch.tensor([q_lens[i] for i in prefill_reqs], dtype=torch.int32),
+            q_starts=torch.tensor([starts[i] for i in prefill_reqs], dtype=torch.int64))
+        prefill_reqs = []
+    for i in prefill_reqs:
+        q, s = q_lens[i], s_lens[i]
         nb = _blocks_for(s, block_size)
         mask = None
         if s > q:  # query row r sits at position s - q + r and sees keys 0 .. s - q + r
             mask = (torch.arange(s)[None, :] <= torch.arange(s - q, s)[:, None]).to(device)
         prefills.append(_Prefill(starts[i], q, s, tables[i, :nb].to(device), mask))
         rows = max(rows, nb)
-    return _Plan(meta, block_size, use_kernel, decodes, kernel_decodes, prefills, rows)
+    return _Plan(meta, block_size, use_kernel, decodes, kernel_decodes, use_prefill_kernel, kernel_prefills, prefills,
+                 rows)
+
+
+def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """What the C++ kernels read: CPU tensors of one dtype, a contiguous pool, query rows
+    [H, D] contiguous (the rows themselves may be strided)."""
+    return (query.device.type == "cpu" and query.dtype == kv_cache.dtype
+            and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous()
+            and query.stride(2) == 1 and query.stride(1) == query.shape[2])
 
 
 class TorchPagedBackend:
@@ -152,6 +186,8 @@ class TorchPagedBackend:
         self._kernel = cpu_extensions.load("decode") if use_kernel is not False else None
         if use_kernel and self._kernel is None:
             raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
+        prefill = cpu_extensions.load("prefill") if use_kernel is not False else None
+        self._prefill_kernel = prefill if prefill is not None and prefill.supported() else None
         self._plan: _Plan | None = None
         self._workspace: torch.Tensor | None = None  # flat, grow-only, reused by every layer
 
@@ -166,7 +202,8 @@ class TorchPagedBackend:
         num_heads = query.shape[1]
         group = num_heads // num_kv_heads
         kernel = self._kernel if self._kernel_fits(query, kv_cache) else None
-        plan = self._plan_for(meta, block_size, kernel is not None)
+        prefill_kernel = self._prefill_kernel if self._prefill_kernel_fits(query, kv_cache) else None
+        plan = self._plan_for(meta, block_size, kernel is not None, prefill_kernel is not None)
         # per block one contiguous row of block_size * Hkv * D elements: K at [0], V at [1]
         by_block = kv_cache.view(2, num_blocks, -1)
         ws = self._workspace_for(2 * plan.workspace_rows * by_block.shape[2], kv_cache)
@@ -181,6 +218,10 @@ class TorchPagedBackend:
             o = F.scaled_dot_product_attention(
                 q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), attn_mask=b.mask, scale=scale)
             out.index_copy_(0, b.token_idx, o.reshape(n, num_heads, head_dim))
+        if plan.kernel_prefills is not None:
+            p = plan.kernel_prefills
+            prefill_kernel.paged_prefill_attention(out, query, kv_cache, p.block_tables, p.seq_lens, p.q_lens,
+                                                   p.q_starts, scale)
         for p in plan.prefills:
             kv = self._gather(by_block, p.block_ids, ws).view(2, -1, num_kv_heads, head_dim)
             # K/V [Hkv, group (stride 0), s, D]; q [Hkv, group, q_len, D]
@@ -193,14 +234,17 @@ class TorchPagedBackend:
         return out
 
     def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        return (self._kernel is not None and query.device.type == "cpu" and query.dtype == kv_cache.dtype
-                and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous()
-                and query.stride(2) == 1 and query.stride(1) == query.shape[2])
+        return self._kernel is not None and _layout_fits(query, kv_cache)
 
-    def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool) -> _Plan:
+    def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        return (self._prefill_kernel is not None and _layout_fits(query, kv_cache) and query.dtype == torch.bfloat16
+                and kv_cache.shape[2] % 16 == 0 and query.shape[2] in (64, 128))
+
+    def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool, use_prefill_kernel: bool) -> _Plan:
         plan = self._plan
-        if plan is None or plan.meta is not meta or plan.block_size != block_size or plan.use_kernel != use_kernel:
-            plan = self._plan = _build_plan(meta, block_size, use_kernel)
+        if (plan is None or plan.meta is not meta or plan.block_size != block_size or plan.use_kernel != use_kernel
+                or plan.use_prefill_kernel != use_prefill_kernel):
+            plan = self._plan = _build_plan(meta, block_size, use_kernel, use_prefill_kernel)
         return plan
 
     def _workspace_for(self, numel: int, like: torch.Tensor) -> torch.Tensor:

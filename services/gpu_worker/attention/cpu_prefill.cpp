@@ -1,0 +1,252 @@
+// Paged prefill attention on the CPU, bf16, for CPUs with AVX-512 BF16 (vdpbf16ps).
+//
+// The query rows of a prefill chunk (q_len > 1 tokens at positions seq_len - q_len ..
+// seq_len - 1) attend causally to the request's first seq_len tokens, read from its blocks
+// in the pool. A flash-attention walk: per tile of 16 query rows, key chunks of 16 in order
+// with an online softmax, so no [q_len, seq_len] score matrix is ever built.
+//
+// Shapes (bf16; query rows may be strided, a view of the fused qkv):
+//   query, out   [T, H, D]             T flat tokens of the step
+//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V; BS a multiple of 16; D 64 or 128
+//   block_tables [P, max_blocks] int32   seq_lens, q_lens [P] int32   q_starts [P] int64
+//     (prefill p's rows are out[q_starts[p] : q_starts[p] + q_lens[p]])
+//
+// Two passes. 1: per (request, KV head), K and V are copied out of their blocks into the
+// layouts vdpbf16ps wants (K transposed into pairs of dimensions, V into pairs of keys);
+// each K/V row is then read once from the pool, not once per query tile. 2: work items
+// are (request, KV head, tile of 16 query rows); a row is one (position, head of the
+// group) pair, so the G heads that share a KV head share every K/V load. Items are
+// dealt out dynamically: later tiles see more keys (causal) and cost more.
+// Per tile and key chunk, all in registers: S = Q K^T (16 x 16, fp32, DH/2 vdpbf16ps per
+// row), the causal mask, the online-softmax update (m, l, a rescale of the output), then
+// O += P V with P rounded to bf16 (as torch's CPU flash attention does for bf16).
+// Where AVX-512 BF16 is missing, supported() is false and the caller keeps SDPA.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512BF16__)
+constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
+constexpr int kRows = 16;           // query rows per tile
+constexpr int kKeys = 16;           // keys per chunk (one zmm of fp32 scores)
+
+// exp(x) for x <= 0 (scores minus their running max): 2^n * 2^f with f in [-1/2, 1/2],
+// 2^f by its degree-6 Taylor polynomial (relative error < 2e-7), far below bf16's 4e-3.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+struct Prefill {
+  const uint32_t* kt;  // [chunks][DH / 2][16]: dword = dims (2i, 2i+1) of one key
+  const uint32_t* vp;  // [chunks * 8][D]: dword = one dim of keys (2j, 2j+1)
+  int64_t q_start, q_len, seq_len;
+};
+
+// Pass 1 for one (request, KV head): the context's K and V in vdpbf16ps layouts, zero past
+// seq_len (a zero V pair adds nothing; the padded keys' scores are masked).
+template <int DH>
+void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* table,
+             int64_t seq_len, int64_t BS, int64_t token_stride, int64_t kv_head) {
+  const int64_t num_chunks = (seq_len + kKeys - 1) / kKeys;
+  std::memset(kt, 0, num_chunks * (DH / 2) * kKeys * 4);
+  std::memset(vp, 0, num_chunks * (kKeys / 2) * DH * 4);
+  for (int64_t t = 0; t < seq_len; ++t) {
+    const int64_t offset = table[t / BS] * BS * token_stride + (t % BS) * token_stride + kv_head * DH;
+    const uint16_t* k = k_pool + offset;
+    const uint16_t* v = v_pool + offset;
+    uint32_t* kt_chunk = kt + (t / kKeys) * (DH / 2) * kKeys + t % kKeys;
+    for (int i = 0; i < DH / 2; ++i) kt_chunk[i * kKeys] = k[2 * i] | (static_cast<uint32_t>(k[2 * i + 1]) << 16);
+    uint16_t* vp_row = reinterpret_cast<uint16_t*>(vp + (t / 2) * DH) + (t % 2);
+    for (int d = 0; d < DH; ++d) vp_row[2 * d] = v[d];
+  }
+}
+
+// Pass 2 for one tile: query rows [row0, row0 + kRows) of prefill `pf` at KV head kv_head;
+// row i is position i / G of the chunk, query head kv_head * G + i % G.
+template <int DH>
+void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int64_t G, int64_t H,
+          int64_t q_stride, int64_t kv_head, float scale) {
+  constexpr int DV = DH / 16;    // zmm of fp32 per output row
+  constexpr int RG = 16 / DV;    // rows per PV group: RG * DV accumulators
+  const int64_t num_rows = std::min<int64_t>(kRows, pf.q_len * G - row0);
+  const int64_t first_pos = pf.seq_len - pf.q_len;  // position of the chunk's first query token
+  const uint32_t* q_rows[kRows];
+  int32_t q_pos[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = row0 + std::min<int64_t>(r, num_rows - 1);  // padding rows repeat the last
+    q_rows[r] = reinterpret_cast<const uint32_t*>(q + (pf.q_start + i / G) * q_stride + (kv_head * G + i % G) * DH);
+    q_pos[r] = static_cast<int32_t>(first_pos + i / G);
+  }
+  const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
+  const int64_t num_chunks = last_pos / kKeys + 1;
+  const int64_t first_masked_chunk = q_pos[0] / kKeys;  // chunks before it are visible to every row
+  alignas(64) float o[kRows][DH];
+  alignas(64) uint32_t p_pairs[kRows][kKeys / 2];
+  float m[kRows], l[kRows], correction[kRows];
+  std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
+  std::fill(m, m + kRows, kNoScore);
+  std::fill(l, l + kRows, 0.f);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    __m512 s[kRows];
+    for (int r = 0; r < kRows; ++r) s[r] = _mm512_setzero_ps();
+    const uint32_t* kt = pf.kt + c * (DH / 2) * kKeys;
+    for (int i = 0; i < DH / 2; ++i) {
+      const __m512bh k = as_bh(_mm512_loadu_si512(kt + i * kKeys));
+      for (int r = 0; r < kRows; ++r) s[r] = _mm512_dpbf16_ps(s[r], as_bh(_mm512_set1_epi32(q_rows[r][i])), k);
+    }
+    const __m512i key_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c * kKeys)), iota);
+    for (int r = 0; r < kRows; ++r) {
+      __m512 x = _mm512_mul_ps(s[r], scale_v);
+      if (c >= first_masked_chunk) {  // keys after the row's position, and past seq_len, drop out
+        const __mmask16 visible = _mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r]));
+        x = _mm512_mask_blend_ps(visible, _mm512_set1_ps(kNoScore), x);
+      }
+      const float new_m = std::max(m[r], _mm512_reduce_max_ps(x));
+      const __m512 p = exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(new_m)));
+      const float corr = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
+      l[r] = l[r] * corr + _mm512_reduce_add_ps(p);
+      m[r] = new_m;
+      correction[r] = corr;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_pairs[r]), (__m256i)_mm512_cvtneps_pbh(p));
+    }
+    const uint32_t* vp = pf.vp + c * (kKeys / 2) * DH;
+    for (int r0 = 0; r0 < kRows; r0 += RG) {
+      __m512 acc[RG][DV];
+      for (int rr = 0; rr < RG; ++rr) {
+        const __m512 corr = _mm512_set1_ps(correction[r0 + rr]);
+        for (int dv = 0; dv < DV; ++dv) acc[rr][dv] = _mm512_mul_ps(_mm512_load_ps(&o[r0 + rr][16 * dv]), corr);
+      }
+      for (int j = 0; j < kKeys / 2; ++j) {
+        for (int dv = 0; dv < DV; ++dv) {
+          const __m512bh v = as_bh(_mm512_loadu_si512(vp + j * DH + 16 * dv));
+          for (int rr = 0; rr < RG; ++rr)
+            acc[rr][dv] = _mm512_dpbf16_ps(acc[rr][dv], as_bh(_mm512_set1_epi32(p_pairs[r0 + rr][j])), v);
+        }
+      }
+      for (int rr = 0; rr < RG; ++rr)
+        for (int dv = 0; dv < DV; ++dv) _mm512_store_ps(&o[r0 + rr][16 * dv], acc[rr][dv]);
+    }
+  }
+  for (int r = 0; r < num_rows; ++r) {
+    const int64_t i = row0 + r;
+    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
+    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+    for (int dv = 0; dv < DV; ++dv) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
+    }
+  }
+}
+
+template <int DH>
+void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
+             torch::Tensor seq_lens, torch::Tensor q_lens, torch::Tensor q_starts, float scale) {
+  const int64_t P = seq_lens.size(0), H = query.size(1);
+  const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
+  const int64_t G = H / Hkv, max_blocks = block_tables.size(1), token_stride = Hkv * DH;
+  const uint16_t* k_pool = reinterpret_cast<const uint16_t*>(kv_cache.data_ptr<c10::BFloat16>());
+  const uint16_t* v_pool = k_pool + NB * BS * token_stride;
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* qlens = q_lens.data_ptr<int32_t>();
+  const int64_t* starts = q_starts.data_ptr<int64_t>();
+  // pass 1: per (request, KV head) its laid-out K and V, at offsets in one buffer
+  std::vector<int64_t> offset(P * Hkv + 1, 0);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t num_chunks = (lens[p] + kKeys - 1) / kKeys;
+      offset[p * Hkv + h + 1] = offset[p * Hkv + h] + num_chunks * kKeys * DH;  // K then V, each chunk*16*DH/2
+    }
+  std::vector<uint32_t> layout(offset.back());
+  std::vector<Prefill> items(P * Hkv);
+  at::parallel_for(0, P * Hkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t p = item / Hkv, h = item % Hkv;
+      uint32_t* kt = layout.data() + offset[item];
+      uint32_t* vp = kt + (offset[item + 1] - offset[item]) / 2;
+      lay_out<DH>(kt, vp, k_pool, v_pool, tables + p * max_blocks, lens[p], BS, token_stride, h);
+      items[item] = Prefill{kt, vp, starts[p], qlens[p], lens[p]};
+    }
+  });
+  // pass 2: tiles of 16 query rows, most expensive (latest) first, dealt out dynamically
+  std::vector<std::pair<int64_t, int64_t>> tiles;  // (item, first row)
+  for (int64_t item = 0; item < P * Hkv; ++item)
+    for (int64_t row0 = 0; row0 < items[item].q_len * G; row0 += kRows) tiles.emplace_back(item, row0);
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const auto& a, const auto& b) {
+    const Prefill &x = items[a.first], &y = items[b.first];
+    return x.seq_len - x.q_len + a.second / G > y.seq_len - y.q_len + b.second / G;
+  });
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  const uint16_t* q = reinterpret_cast<const uint16_t*>(query.data_ptr<c10::BFloat16>());
+  const int64_t q_stride = query.stride(0), num_tiles = static_cast<int64_t>(tiles.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    const auto [item, row0] = tiles[t];
+    tile<DH>(o, q, items[item], row0, G, H, q_stride, item % Hkv, scale);
+  }
+}
+#endif
+
+}  // namespace
+
+bool supported() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor q_lens,
+                             torch::Tensor q_starts, double scale) {
+  TORCH_CHECK(supported(), "paged_prefill_attention: built without AVX-512 BF16");
+  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && kv_cache.scalar_type() == torch::kBFloat16 &&
+                  out.scalar_type() == torch::kBFloat16,
+              "paged_prefill_attention: bfloat16 only");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous() &&
+                  kv_cache.is_contiguous() && block_tables.is_contiguous(),
+              "paged_prefill_attention: contiguous tensors only (query: rows may be strided)");
+  TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0 && kv_cache.size(2) % 16 == 0,
+              "paged_prefill_attention: num_heads a multiple of num_kv_heads, block_size of 16");
+  TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && q_lens.scalar_type() == torch::kInt32 &&
+                  q_starts.scalar_type() == torch::kInt64 && block_tables.scalar_type() == torch::kInt32,
+              "paged_prefill_attention: int32 block_tables, seq_lens, q_lens; int64 q_starts");
+#if defined(__AVX512BF16__)
+  const float s = static_cast<float>(scale);
+  if (query.size(2) == 64) return prefill<64>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
+  if (query.size(2) == 128) return prefill<128>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
+#endif
+  TORCH_CHECK(false, "paged_prefill_attention: head_dim 64 or 128 only");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("supported", &supported, "whether this build has the AVX-512 BF16 kernel");
+  m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16)");
+}
