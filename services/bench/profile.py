@@ -48,8 +48,9 @@ def _trace_kernels(engine) -> None:
         model.fused = _Traced(model.fused, "fused")
         for layer in model.layers:
             layer.fused = model.fused
-    if getattr(backend, "_kernel", None) is not None:
-        backend._kernel = _Traced(backend._kernel, "kernel")
+    for attribute in ("_kernel", "_prefill_kernel"):  # the decode and the prefill attention kernels
+        if getattr(backend, attribute, None) is not None:
+            setattr(backend, attribute, _Traced(getattr(backend, attribute), "kernel"))
 
 
 def profile_steps(engine, num_steps: int) -> tuple[float, list[dict]]:
