@@ -130,10 +130,29 @@ def _prefill_kernel_supported() -> bool:
     return module is not None and module.supported()
 
 
+@pytest.fixture(params=[False, True], ids=["avx512-walk", "amx-walk"])
+def prefill_walk(request):
+    """The prefill kernel's vdpbf16ps walk, then its AMX walk (skipped where AMX cannot run;
+    without AVX-512 BF16 the first leaves the prefills to SDPA)."""
+    from services.gpu_worker import cpu_extensions
+
+    module = cpu_extensions.load("prefill")
+    usable = module is not None and module.supported()
+    if request.param and not (usable and module.use_amx(True)):
+        pytest.skip("no AMX on this CPU (or the kernel did not grant the tile state)")
+    if usable:
+        module.use_amx(request.param)
+    yield
+    if usable:
+        module.use_amx(True)
+
+
 @pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (32, 128, 2), (16, 128, 8), (48, 64, 1)])
-def test_bf16_prefill_kernel_over_block_sizes_head_dims_and_groups(monkeypatch, block_size, head_dim, group):
+def test_bf16_prefill_kernel_over_block_sizes_head_dims_and_groups(monkeypatch, prefill_walk, block_size, head_dim,
+                                                                   group):
     # fresh prompts of 2, 16, 17 tokens and one past 16-row tiles of every group size;
-    # chunks after cached context ending mid-block and on a block boundary; decodes between
+    # chunks after cached context ending mid-block and on a block boundary; decodes between;
+    # prompts past 32 keys (AMX chunks) ending mid-chunk
     requests = [(2, 2), (16, 16), (17, 17), (1, 30), (5, 5 + block_size), (23, 23 + 3 * block_size - 7),
                 (70, 211), (1, 1), (33, 33)]
     step = make_step(requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,

@@ -21,11 +21,22 @@
 // row), the causal mask, the online-softmax update (m, l, a rescale of the output), then
 // O += P V with P rounded to bf16 (as torch's CPU flash attention does for bf16).
 // Where AVX-512 BF16 is missing, supported() is false and the caller keeps SDPA.
+//
+// AMX (built with -march=native on a CPU with AMX-BF16, and the kernel granting the tile
+// state): the same walk with key chunks of 32 and the two products on tiles. S = Q K^T is
+// two 16 x 16 tiles per chunk (Q rows as A, the K layout above is already AMX's B layout),
+// O += P V is one 16 x 16 tile per 16 output dims (P as A, the V layout is B); the softmax
+// and the rescale of O stay in AVX-512. use_amx(false) keeps the vdpbf16ps walk (tests).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#define PAGEDSERVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -71,7 +82,7 @@ struct Prefill {
 template <int DH>
 void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* table,
              int64_t seq_len, int64_t BS, int64_t token_stride, int64_t kv_head) {
-  const int64_t num_chunks = (seq_len + kKeys - 1) / kKeys;
+  const int64_t num_chunks = 2 * ((seq_len + 2 * kKeys - 1) / (2 * kKeys));  // as prefill() sizes it
   std::memset(kt, 0, num_chunks * (DH / 2) * kKeys * 4);
   std::memset(vp, 0, num_chunks * (kKeys / 2) * DH * 4);
   for (int64_t t = 0; t < seq_len; ++t) {
@@ -164,6 +175,127 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
   }
 }
 
+#if defined(PAGEDSERVE_AMX)
+constexpr int kAmxKeys = 32;  // keys per AMX chunk: two layout chunks of kKeys
+
+// Linux hands out the AMX tile state on request only (once per process).
+bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                      18 /* XFEATURE_XTILEDATA */) == 0;
+  return granted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0 A (Q part / P), tmm1 B (K part / V part), tmm2-3 S (keys 0-15, 16-31), tmm4 PV:
+// all 16 rows of 64 bytes
+void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 5; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+}
+
+// tile<DH>'s walk on AMX: same rows, same output, chunks of 32 keys
+template <int DH>
+void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int64_t G, int64_t H,
+              int64_t q_stride, int64_t kv_head, float scale) {
+  constexpr int DV = DH / 16;
+  const int64_t num_rows = std::min<int64_t>(kRows, pf.q_len * G - row0);
+  const int64_t first_pos = pf.seq_len - pf.q_len;
+  alignas(64) uint16_t q_tile[kRows][DH];   // A rows for S, row-major
+  alignas(64) float s[kRows][kAmxKeys];     // S of one chunk
+  alignas(64) uint16_t p[kRows][kAmxKeys];  // P in bf16, A rows for PV
+  alignas(64) float pv[kRows][16];          // P V for 16 dims
+  alignas(64) float o[kRows][DH];
+  int32_t q_pos[kRows];
+  float m[kRows], l[kRows], correction[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = row0 + std::min<int64_t>(r, num_rows - 1);  // padding rows repeat the last
+    std::memcpy(q_tile[r], q + (pf.q_start + i / G) * q_stride + (kv_head * G + i % G) * DH, DH * 2);
+    q_pos[r] = static_cast<int32_t>(first_pos + i / G);
+  }
+  const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
+  const int64_t num_chunks = last_pos / kAmxKeys + 1;
+  const int64_t first_masked_chunk = q_pos[0] / kAmxKeys;
+  std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
+  std::fill(m, m + kRows, kNoScore);
+  std::fill(l, l + kRows, 0.f);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    // S = Q K^T: per 32 dims of Q (A), the matching 16 pair rows of each half's K (B)
+    const uint32_t* kt = pf.kt + 2 * c * (DH / 2) * kKeys;
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int part = 0; part < DH / 32; ++part) {
+      _tile_loadd(0, &q_tile[0][32 * part], DH * 2);
+      _tile_loadd(1, kt + part * 16 * kKeys, kKeys * 4);
+      _tile_dpbf16ps(2, 0, 1);
+      _tile_loadd(1, kt + (DH / 2) * kKeys + part * 16 * kKeys, kKeys * 4);
+      _tile_dpbf16ps(3, 0, 1);
+    }
+    _tile_stored(2, &s[0][0], kAmxKeys * 4);
+    _tile_stored(3, &s[0][16], kAmxKeys * 4);
+    const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c * kAmxKeys)), iota);
+    const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
+    for (int r = 0; r < kRows; ++r) {
+      __m512 x0 = _mm512_mul_ps(_mm512_load_ps(&s[r][0]), scale_v);
+      __m512 x1 = _mm512_mul_ps(_mm512_load_ps(&s[r][16]), scale_v);
+      if (c >= first_masked_chunk) {
+        const __m512i row_pos = _mm512_set1_epi32(q_pos[r]);
+        x0 = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(pos0, row_pos), _mm512_set1_ps(kNoScore), x0);
+        x1 = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(pos1, row_pos), _mm512_set1_ps(kNoScore), x1);
+      }
+      const float new_m = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(x0, x1)));
+      const __m512 new_m_v = _mm512_set1_ps(new_m);
+      const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x0, new_m_v));
+      const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x1, new_m_v));
+      correction[r] = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
+      l[r] = l[r] * correction[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+      m[r] = new_m;
+      _mm512_store_si512(p[r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // keys 0-15 low, 16-31 high
+    }
+    // O = O * correction + P V, 16 dims at a time: V's 16 pair rows of this chunk (B)
+    const uint32_t* vp = pf.vp + c * (kAmxKeys / 2) * DH;
+    _tile_loadd(0, &p[0][0], kAmxKeys * 2);
+    for (int dv = 0; dv < DV; ++dv) {
+      _tile_zero(4);
+      _tile_loadd(1, vp + 16 * dv, DH * 4);
+      _tile_dpbf16ps(4, 0, 1);
+      _tile_stored(4, &pv[0][0], 64);
+      for (int r = 0; r < kRows; ++r) {
+        float* o_r = &o[r][16 * dv];
+        _mm512_store_ps(o_r, _mm512_fmadd_ps(_mm512_load_ps(o_r), _mm512_set1_ps(correction[r]),
+                                             _mm512_load_ps(pv[r])));
+      }
+    }
+  }
+  for (int r = 0; r < num_rows; ++r) {
+    const int64_t i = row0 + r;
+    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
+    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+    for (int dv = 0; dv < DV; ++dv) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
+    }
+  }
+}
+#endif
+
+bool amx_enabled = true;  // use_amx(): the AMX walk where it can run
+
+bool amx_usable() {
+#if defined(PAGEDSERVE_AMX)
+  return amx_enabled && amx_granted();
+#else
+  return false;
+#endif
+}
+
 template <int DH>
 void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
              torch::Tensor seq_lens, torch::Tensor q_lens, torch::Tensor q_starts, float scale) {
@@ -180,7 +312,7 @@ void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, tor
   std::vector<int64_t> offset(P * Hkv + 1, 0);
   for (int64_t p = 0; p < P; ++p)
     for (int64_t h = 0; h < Hkv; ++h) {
-      const int64_t num_chunks = (lens[p] + kKeys - 1) / kKeys;
+      const int64_t num_chunks = 2 * ((lens[p] + 2 * kKeys - 1) / (2 * kKeys));  // even: AMX reads 32 keys
       offset[p * Hkv + h + 1] = offset[p * Hkv + h] + num_chunks * kKeys * DH;  // K then V, each chunk*16*DH/2
     }
   std::vector<uint32_t> layout(offset.back());
@@ -205,15 +337,42 @@ void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, tor
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const uint16_t* q = reinterpret_cast<const uint16_t*>(query.data_ptr<c10::BFloat16>());
   const int64_t q_stride = query.stride(0), num_tiles = static_cast<int64_t>(tiles.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
-  for (int64_t t = 0; t < num_tiles; ++t) {
-    const auto [item, row0] = tiles[t];
-    tile<DH>(o, q, items[item], row0, G, H, q_stride, item % Hkv, scale);
+  const bool amx = amx_usable();
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+#if defined(PAGEDSERVE_AMX)
+    if (amx) configure_tiles();  // per thread
+#endif
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < num_tiles; ++t) {
+      const auto [item, row0] = tiles[t];
+#if defined(PAGEDSERVE_AMX)
+      if (amx) {
+        tile_amx<DH>(o, q, items[item], row0, G, H, q_stride, item % Hkv, scale);
+        continue;
+      }
+#endif
+      tile<DH>(o, q, items[item], row0, G, H, q_stride, item % Hkv, scale);
+    }
+#if defined(PAGEDSERVE_AMX)
+    if (amx) _tile_release();
+#endif
   }
 }
 #endif
 
 }  // namespace
+
+// use_amx(false): the vdpbf16ps walk even where AMX runs (to test both); returns whether the
+// AMX walk is now in use
+bool use_amx(bool enabled) {
+#if defined(__AVX512BF16__)
+  amx_enabled = enabled;
+  return amx_usable();
+#else
+  return false;
+#endif
+}
 
 bool supported() {
 #if defined(__AVX512BF16__)
@@ -248,5 +407,6 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this build has the AVX-512 BF16 kernel");
+  m.def("use_amx", &use_amx, "turn the AMX walk on or off; whether it is now in use");
   m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16)");
 }
