@@ -14,7 +14,8 @@ request whose step_id is not above the last one seen is a redelivery and is drop
 Stats (keys.stats("kvstore")): BlockManager.stats() plus integrity_ok/integrity_error,
 incarnation, step_id, worker_id; the counters (hits, evictions, copies, ...) run on across
 manager replacements, so the api's Prometheus counters never go down; written at most every STATS_INTERVAL_S while busy and as
-soon as the stream goes quiet. PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
+soon as the stream goes quiet; the full integrity check runs every INTEGRITY_INTERVAL_S while busy
+and once quiet for QUIET_S. PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from shared.streams import Keys
 log = logging.getLogger("pagedserve.kvstore")
 
 GROUP = CONSUMER = "kvstore"
-STATS_INTERVAL_S = 0.05
-# a full check walks every block (a few ms for a 2 GiB pool, CPU taken from the worker's
-# cores): every 10 s while busy, and whenever the stream goes quiet
+STATS_INTERVAL_S = 0.25  # at most 4 writes a second while busy: each is a Redis round trip
+# a full check walks every block (4-5 ms for a 2 GiB pool, CPU taken from the worker's
+# cores): every 10 s while busy, and once the stream has been quiet for QUIET_S. Quiet is
+# measured from the last change, not from one empty read: a decode step takes longer than
+# a 50 ms read, so "an empty read" alone would check once per step.
 INTEGRITY_INTERVAL_S = 10.0
+QUIET_S = 0.5
 # counters of BlockManager.stats() carried over when the manager is replaced
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_evictions", "num_block_copies",
             "num_prefix_cache_resets")
@@ -61,6 +65,7 @@ class KvStoreLoop:
         self.synced = False  # a reset has come since the manager was created
         self.integrity_error: str | None = None
         self.last_integrity = 0.0
+        self.last_change = 0.0  # monotonic time the manager last changed (0: never)
         self.last_stats = 0.0
         self.stats_dirty = True
         self.counter_base: Counter[str] = Counter()  # COUNTERS of the managers replaced so far
@@ -81,7 +86,7 @@ class KvStoreLoop:
         try:
             while not stop.is_set():
                 try:
-                    block_ms = 50 if self.stats_dirty else 1000
+                    block_ms = 50 if self.stats_dirty or self.last_change > self.last_integrity else 1000
                     entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms)
                     for entry in entries:
                         if entry.stream == self.keys.worker_hello:
@@ -109,6 +114,7 @@ class KvStoreLoop:
         self.manager = self._new_manager()
         self.synced = False
         self.integrity_error, self.stats_dirty = None, True
+        self.last_change = time.monotonic()
         log.info("worker %s joined: pool of %d blocks of %d tokens", hello.worker_id, hello.num_blocks,
                  hello.block_size)
 
@@ -124,7 +130,7 @@ class KvStoreLoop:
         num_dropped = self.manager.reset_prefix_cache() if self.manager is not None else 0
         log.info("prefix cache reset %s: %d cached prefixes dropped", command.reset_id, num_dropped)
         self.reset_ids = (self.reset_ids + [command.reset_id])[-NUM_RESET_IDS:]
-        self.stats_dirty = True
+        self.stats_dirty, self.last_change = True, time.monotonic()
 
     async def _on_alloc(self, entry: Entry) -> None:
         request: AllocRequest | None = entry.message
@@ -145,7 +151,7 @@ class KvStoreLoop:
             reply = self._apply(request)
         if reply is not None:
             await redis_io.send(self.r, self.keys.kv_reply, reply)
-            self.stats_dirty = True
+            self.stats_dirty, self.last_change = True, time.monotonic()
 
     def _apply(self, request: AllocRequest) -> AllocReply:
         if request.reset:
@@ -176,12 +182,18 @@ class KvStoreLoop:
         except AssertionError as e:
             self.integrity_error = str(e) or "integrity check failed"
 
+    def _integrity_due(self, now: float, idle: bool) -> bool:
+        if self.check_every_step or self.last_change <= self.last_integrity:
+            return False  # checked after every step, or nothing changed since the last check
+        return now - self.last_integrity >= INTEGRITY_INTERVAL_S or (idle and now - self.last_change >= QUIET_S)
+
     async def _write_stats(self, idle: bool) -> None:
         now = time.monotonic()
+        if self._integrity_due(now, idle):
+            self._check_integrity()
+            self.stats_dirty = True
         if not self.stats_dirty or (not idle and now - self.last_stats < STATS_INTERVAL_S):
             return
-        if not self.check_every_step and (idle or now - self.last_integrity >= INTEGRITY_INTERVAL_S):
-            self._check_integrity()
         stats = self.manager.stats() if self.manager is not None else {"num_blocks": 0, "num_held_blocks": 0,
                                                                        "num_free_blocks": 0, "usage": 0.0}
         for key in COUNTERS:

