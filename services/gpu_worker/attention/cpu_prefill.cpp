@@ -96,6 +96,21 @@ void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t*
   }
 }
 
+// A tile's finished rows, O / l rounded to bf16, into out at their (position, head)
+template <int DH>
+void write_rows(uint16_t* out, const float (*o)[DH], const float* l, const Prefill& pf, int64_t row0,
+                int64_t num_rows, int64_t G, int64_t H, int64_t kv_head) {
+  for (int r = 0; r < num_rows; ++r) {
+    const int64_t i = row0 + r;
+    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
+    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+    for (int dv = 0; dv < DH / 16; ++dv) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
+    }
+  }
+}
+
 // Pass 2 for one tile: query rows [row0, row0 + kRows) of prefill `pf` at KV head kv_head;
 // row i is position i / G of the chunk, query head kv_head * G + i % G.
 template <int DH>
@@ -164,15 +179,7 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
         for (int dv = 0; dv < DV; ++dv) _mm512_store_ps(&o[r0 + rr][16 * dv], acc[rr][dv]);
     }
   }
-  for (int r = 0; r < num_rows; ++r) {
-    const int64_t i = row0 + r;
-    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
-    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
-    for (int dv = 0; dv < DV; ++dv) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
-    }
-  }
+  write_rows<DH>(out, o, l, pf, row0, num_rows, G, H, kv_head);
 }
 
 #if defined(PAGEDSERVE_AMX)
@@ -274,15 +281,7 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
       }
     }
   }
-  for (int r = 0; r < num_rows; ++r) {
-    const int64_t i = row0 + r;
-    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
-    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
-    for (int dv = 0; dv < DV; ++dv) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
-    }
-  }
+  write_rows<DH>(out, o, l, pf, row0, num_rows, G, H, kv_head);
 }
 #endif
 
