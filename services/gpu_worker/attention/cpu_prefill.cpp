@@ -96,10 +96,24 @@ void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t*
   }
 }
 
+// One tile's online-softmax state: unnormalised O, running max m and sum l per row
+template <int DH>
+struct RowState {
+  alignas(64) float o[kRows][DH];
+  float m[kRows], l[kRows], correction[kRows];
+  RowState() {
+    std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
+    std::fill(m, m + kRows, kNoScore);
+    std::fill(l, l + kRows, 0.f);
+  }
+};
+
 // A tile's finished rows, O / l rounded to bf16, into out at their (position, head)
 template <int DH>
-void write_rows(uint16_t* out, const float (*o)[DH], const float* l, const Prefill& pf, int64_t row0,
-                int64_t num_rows, int64_t G, int64_t H, int64_t kv_head) {
+void write_rows(uint16_t* out, const RowState<DH>& st, const Prefill& pf, int64_t row0, int64_t num_rows,
+                int64_t G, int64_t H, int64_t kv_head) {
+  const auto& o = st.o;
+  const float* l = st.l;
   for (int r = 0; r < num_rows; ++r) {
     const int64_t i = row0 + r;
     uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
@@ -130,12 +144,10 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
   const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
   const int64_t num_chunks = last_pos / kKeys + 1;
   const int64_t first_masked_chunk = q_pos[0] / kKeys;  // chunks before it are visible to every row
-  alignas(64) float o[kRows][DH];
   alignas(64) uint32_t p_pairs[kRows][kKeys / 2];
-  float m[kRows], l[kRows], correction[kRows];
-  std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
-  std::fill(m, m + kRows, kNoScore);
-  std::fill(l, l + kRows, 0.f);
+  RowState<DH> st;
+  auto &o = st.o;
+  float *m = st.m, *l = st.l, *correction = st.correction;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -179,7 +191,7 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
         for (int dv = 0; dv < DV; ++dv) _mm512_store_ps(&o[r0 + rr][16 * dv], acc[rr][dv]);
     }
   }
-  write_rows<DH>(out, o, l, pf, row0, num_rows, G, H, kv_head);
+  write_rows<DH>(out, st, pf, row0, num_rows, G, H, kv_head);
 }
 
 #if defined(PAGEDSERVE_AMX)
@@ -217,9 +229,10 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
   alignas(64) float s[kRows][kAmxKeys];     // S of one chunk
   alignas(64) uint16_t p[kRows][kAmxKeys];  // P in bf16, A rows for PV
   alignas(64) float pv[kRows][16];          // P V for 16 dims
-  alignas(64) float o[kRows][DH];
   int32_t q_pos[kRows];
-  float m[kRows], l[kRows], correction[kRows];
+  RowState<DH> st;
+  auto &o = st.o;
+  float *m = st.m, *l = st.l, *correction = st.correction;
   for (int r = 0; r < kRows; ++r) {
     const int64_t i = row0 + std::min<int64_t>(r, num_rows - 1);  // padding rows repeat the last
     std::memcpy(q_tile[r], q + (pf.q_start + i / G) * q_stride + (kv_head * G + i % G) * DH, DH * 2);
@@ -228,9 +241,6 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
   const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
   const int64_t num_chunks = last_pos / kAmxKeys + 1;
   const int64_t first_masked_chunk = q_pos[0] / kAmxKeys;
-  std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
-  std::fill(m, m + kRows, kNoScore);
-  std::fill(l, l + kRows, 0.f);
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -281,7 +291,7 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
       }
     }
   }
-  write_rows<DH>(out, o, l, pf, row0, num_rows, G, H, kv_head);
+  write_rows<DH>(out, st, pf, row0, num_rows, G, H, kv_head);
 }
 #endif
 
