@@ -14,8 +14,9 @@
 //   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
-// the output rounded to nearest-even once at the end. Work items are split over
-// at::parallel_for threads; each writes only its own rows of out, so threads share nothing.
+// the output rounded to nearest-even once at the end. The AVX-512 paths hand requests out
+// longest first, one at a time (RequestQueue); each writes only its own rows of out, so
+// threads share nothing but the queue's counter.
 // Memory, not arithmetic, bounds a decode step: a layer's KV (13.8 MB for 128 requests of
 // 144 tokens) is out of cache by the time the layer comes round again, and a request's blocks
 // lie anywhere in the pool. The bf16 path therefore prefetches (into L2) the block two ahead,
@@ -32,7 +33,9 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <numeric>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -52,6 +55,33 @@ inline float widen(c10::BFloat16 x) {
 
 template <typename T>
 inline T narrow(float x) { return static_cast<T>(x); }  // BFloat16: round to nearest even
+
+// The requests of a step, longest context first, taken one at a time by whichever thread is
+// free. A static split by count (at::parallel_for) left one thread with the long requests of a
+// mixed batch, and on cores shared with the other services a thread that lost its core for a
+// while held up half the batch behind it; here it holds up only the request it has.
+class RequestQueue {
+ public:
+  RequestQueue(const int32_t* lens, int64_t num_reqs) : order_(num_reqs) {
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::stable_sort(order_.begin(), order_.end(), [lens](int64_t a, int64_t b) { return lens[a] > lens[b]; });
+  }
+  // the next request to compute, or -1 once all are taken
+  int64_t next() {
+    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    return i < static_cast<int64_t>(order_.size()) ? order_[i] : -1;
+  }
+
+ private:
+  std::vector<int64_t> order_;
+  std::atomic<int64_t> next_{0};
+};
+
+// Runs body() once on each of at::get_num_threads() threads; body drains a RequestQueue.
+template <typename F>
+inline void on_every_thread(const F& body) {
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) { body(); });
+}
 
 // One block of the online softmax for one head: scores p[0, n) become exp(p - m') where
 // m' = max(m, max p); m and l (the running sum of exp) are updated to m'; returns the factor
@@ -97,10 +127,11 @@ void decode_avx512(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const
   // next block is prefetched while this one is computed: a request's blocks lie anywhere in
   // the pool, which the hardware prefetcher cannot guess), then per KV head the group's
   // scores, the online-softmax update and the PV sum with the accumulators in registers.
-  at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
+  RequestQueue queue(lens, num_reqs);
+  on_every_thread([&] {
     // qf [H, D] scaled query rows; acc [H, D]; p [G, BS] one group's scores, then weights
     std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H);
-    for (int64_t r = begin; r < end; ++r) {
+    for (int64_t r; (r = queue.next()) >= 0;) {
       const scalar_t* q_rows = q + rows[r] * q_stride;
       for (int64_t i = 0; i < H * D; ++i) qf[i] = widen(q_rows[i]) * scale;
       std::fill(acc.begin(), acc.end(), 0.f);
@@ -195,12 +226,13 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
   const int64_t H = Hkv * G;
   const int64_t token_stride = Hkv * D;
   const int64_t block_elems = BS * token_stride;
-  at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
+  RequestQueue queue(lens, num_reqs);
+  on_every_thread([&] {
     // acc [H, D] in parity order: per 32-element word w, 16 even then 16 odd elements
     std::vector<float> acc(H * D), p(G * BS), m(H), l(H);
     const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     const __m512 no_score = _mm512_set1_ps(kNoScore);
-    for (int64_t r = begin; r < end; ++r) {
+    for (int64_t r; (r = queue.next()) >= 0;) {
       const c10::BFloat16* q_rows = q + rows[r] * q_stride;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNoScore);
