@@ -212,10 +212,16 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 logits");
-  m.def("rms_norm", &rms_norm, "RMSNorm (bf16)");
-  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)");
-  m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)");
-  m.def("rotary", &rotary, "rotary embedding in place (bf16)");
-  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16)");
+  m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 logits",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "RMSNorm (bf16)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rotary", &rotary, "rotary embedding in place (bf16)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16)",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="fcfs", help="scheduling policy (`pagedserve policies`; default fcfs)")
     parser.add_argument("--policy-options", default="{}", help="the policy's options as a JSON object")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most requests running at once")
+    parser.add_argument("--stream-interval", type=int, default=None,
+                        help="stream each request's tokens every N tokens, first and last at once (default 1)")
     for name, what in (("--max-waiting-requests", "waiting requests"), ("--max-waiting-tokens", "waiting tokens")):
         parser.add_argument(name, type=int, default=None, help=f"admission: past this many {what}, 429")
     for name, what in (("--max-prompt-tokens", "prompt tokens"), ("--max-output-tokens", "max_tokens")):
@@ -71,8 +73,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.ready_timeout <= 0:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
-    for option in ("max_num_seqs", "max_waiting_requests", "max_waiting_tokens", "max_prompt_tokens",
-                   "max_output_tokens"):
+    for option in ("max_num_seqs", "stream_interval", "max_waiting_requests", "max_waiting_tokens",
+                   "max_prompt_tokens", "max_output_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
     from services.scheduler.main import load_policy
@@ -99,7 +101,7 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     scheduler = ["--policy", args.policy, "--policy-options", args.policy_options]
     if not getattr(args, "async_scheduling", True):
         scheduler.append("--no-async-scheduling")
-    for option, extra in (("max_num_seqs", scheduler), ("max_waiting_requests", scheduler),
+    for option, extra in (("max_num_seqs", scheduler), ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
                           ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api)):
         if getattr(args, option, None) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]

@@ -58,6 +58,7 @@ def request_from_submit(sub: SubmitRequest, eos_token_ids: list[int]) -> Request
     request = Request(sub.request_id, list(sub.prompt_token_ids), sub.sampling, list(eos_token_ids),
                       sub.arrival_time, sub.priority, sub.tenant, sub.cache_salt)
     request.output_token_ids = list(sub.output_token_ids)
+    request.num_streamed_tokens = len(sub.output_token_ids)  # the api has them: it sent them back
     return request
 
 

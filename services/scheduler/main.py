@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="plan the next step while the worker runs the current one (default on)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="send a request's tokens to the api every N tokens (its first and last at once); "
+                             "more than 1 trades streaming smoothness for less CPU per token (default 1)")
     parser.add_argument("--step-timeout", type=float, default=30.0,
                         help="seconds to wait for the kvstore's or the worker's reply before resetting them")
 
@@ -48,7 +51,7 @@ def load_policy(name: str, options_json: str = "{}"):
 
 
 def _check(args: argparse.Namespace) -> None:
-    for field in ("max_num_seqs", "max_num_batched_tokens"):
+    for field in ("max_num_seqs", "max_num_batched_tokens", "stream_interval"):
         if getattr(args, field) < 1:
             raise ConfigError(f"invalid config field {field!r}={getattr(args, field)!r}: at least 1")
     for field in ("max_waiting_requests", "max_waiting_tokens"):
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests,
                                   max_waiting_tokens=args.max_waiting_tokens,
-                                  max_steps_in_flight=2 if args.async_scheduling else 1)
+                                  max_steps_in_flight=2 if args.async_scheduling else 1,
+                                  stream_interval=args.stream_interval)
             return await SchedulerLoop(r, Keys(args.prefix), scheduler, args.step_timeout).run(stop)
         finally:
             await r.aclose()

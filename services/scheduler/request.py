@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shared.messages import SamplingParams
+from shared.messages import SampledToken, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -75,6 +75,9 @@ class Request:
     num_pending_tokens: int = field(default=0, init=False)
     # prompt + output tokens the kvstore has been told (it hashes blocks as they fill)
     num_kv_known_tokens: int = field(default=0, init=False)
+    # output tokens the api has been sent; the scheduler's stream_interval holds the rest a while
+    num_streamed_tokens: int = field(default=0, init=False)
+    unstreamed_logprobs: list[SampledToken] = field(default_factory=list, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -75,12 +75,18 @@ class Scheduler:
         max_waiting_requests: int | None = None,
         max_waiting_tokens: int | None = None,
         max_steps_in_flight: int = 1,
+        stream_interval: int = 1,
     ) -> None:
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
+        if stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
         if max_steps_in_flight not in (1, 2):
             raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
         self.max_steps_in_flight = max_steps_in_flight
+        # a running request's tokens go to the api every stream_interval tokens (its first
+        # token and its last at once): fewer deltas, SSE writes and client wake-ups per step
+        self.stream_interval = stream_interval
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -319,13 +325,26 @@ class Scheduler:
             if finished_status is not None:
                 self._finish(request, finished_status)
                 finished.append(request)
-            logprobs = [token] if request.sampling.logprobs is not None else []
-            deltas.append(request_delta(request, [token.token_id], logprobs))
+            if request.sampling.logprobs is not None:
+                request.unstreamed_logprobs.append(token)
+            if finished_status is not None or self._stream_due(request):
+                deltas.append(self._stream_delta(request))
         if finished:
             self._running = [r for r in self._running if not r.is_finished]
             if any(r.is_finished for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if not r.is_finished)
         return deltas
+
+    def _stream_due(self, request: Request) -> bool:
+        return (request.num_streamed_tokens == 0
+                or request.num_output_tokens - request.num_streamed_tokens >= self.stream_interval)
+
+    def _stream_delta(self, request: Request) -> RequestDelta:
+        """Every output token (and its logprobs) the api has not been sent yet."""
+        new_token_ids = request.output_token_ids[request.num_streamed_tokens:]
+        request.num_streamed_tokens = request.num_output_tokens
+        logprobs, request.unstreamed_logprobs = request.unstreamed_logprobs, []
+        return request_delta(request, new_token_ids, logprobs)
 
     # ---- recovery: the kvstore or the worker lost its state ---------------------------
 

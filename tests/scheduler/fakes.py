@@ -262,8 +262,9 @@ def make_stack(
     prefix_hits: dict[str, int] | None = None,
     token_fn: Callable[[str, int], int] = token_at,
     max_steps_in_flight: int = 1,
+    stream_interval: int = 1,
 ) -> tuple[Scheduler, CountingAllocator, FakeWorker]:
     scheduler = Scheduler(FCFSPolicy(), max_num_seqs, max_num_batched_tokens, max_model_len,
-                          max_steps_in_flight=max_steps_in_flight)
+                          max_steps_in_flight=max_steps_in_flight, stream_interval=stream_interval)
     allocator = CountingAllocator(num_blocks, block_size, prefix_hits)
     return scheduler, allocator, FakeWorker(block_size, token_fn)

@@ -481,5 +481,6 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention over the block pool (CPU)");
+  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention over the block pool (CPU)",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -417,5 +417,6 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this build has the AVX-512 BF16 kernel");
   m.def("use_amx", &use_amx, "turn the AMX walk on or off; whether it is now in use");
-  m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16)");
+  m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16)",
+        py::call_guard<py::gil_scoped_release>());
 }
