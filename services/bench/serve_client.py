@@ -61,11 +61,14 @@ class _Tally:
         if data in (b"[DONE]", "[DONE]"):
             self.ended = True
             return
-        chunk = json.loads(data)
-        if chunk.get("usage"):
-            self.record.num_output_tokens = chunk["usage"].get("completion_tokens", 0)
-        choices = chunk.get("choices") or []
-        if not choices or not choices[0].get("text"):
+        has_text = _has_text(data)
+        if has_text is None:  # not sure without parsing it
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                self.record.num_output_tokens = chunk["usage"].get("completion_tokens", 0)
+            choices = chunk.get("choices") or []
+            has_text = bool(choices and choices[0].get("text"))
+        if not has_text:
             return
         if self.num_chunks == 0:
             self.record.ttft_s = now - self.started
@@ -79,6 +82,22 @@ class _Tally:
         self.record.num_output_tokens = self.record.num_output_tokens or self.num_chunks
         self.record.ok = True
         return self.record
+
+
+def _has_text(data: bytes | str) -> bool | None:
+    """Whether a completion chunk's one choice carries text, found without parsing the JSON
+    (the client shares the CPU with the server it measures); None: parse it (a usage chunk,
+    several choices, or a shape this does not know). `"text":` can only be a key here: inside
+    a JSON string its quote would be escaped."""
+    if isinstance(data, str):
+        return None
+    key = data.find(b'"text":')
+    if key < 0 or data.find(b'"text":', key + 1) >= 0 or b'"usage":{' in data:
+        return None
+    value = data[key + 7:key + 12].lstrip()
+    if value.startswith(b'""'):
+        return False
+    return True if value.startswith(b'"') else None
 
 
 def _body(model: str, req: BenchRequest) -> dict:
