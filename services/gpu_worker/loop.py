@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import uuid
 
@@ -32,6 +33,8 @@ log = logging.getLogger("pagedserve.worker")
 
 GROUP = "worker"
 HELLO_MAXLEN = 1000
+PLANS_AHEAD = 2  # plans read ahead of the step running (the scheduler has at most 2 in flight)
+STOP_POLL_S = 1.0
 
 
 class WorkerLoop:
@@ -54,23 +57,64 @@ class WorkerLoop:
         await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
         log.info("worker %s ready: said hello (num_blocks=%d block_size=%d max_model_len=%d) incarnation=%s",
                  self.worker_id, hello.num_blocks, hello.block_size, hello.max_model_len, self.incarnation)
-        consumer = f"worker-{self.worker_id}"
-        backoff = redis_io.Backoff()
+        # The next plan is read (and decoded) while this step runs, and a result is sent
+        # while the next step runs: the compute thread goes from one step straight to the
+        # next. Reading after each step, then sending, kept both cores off the model for
+        # 3-4 ms a step while the scheduler and kvstore woke on the same cores.
+        entries: asyncio.Queue[Entry] = asyncio.Queue(maxsize=PLANS_AHEAD)
+        results: asyncio.Queue[StepResult] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_plans(plans, f"worker-{self.worker_id}", entries))
+        sender = asyncio.create_task(self._send_results(results))
         try:
             while not stop.is_set():
                 try:
-                    for entry in await redis_io.read_group(self.r, GROUP, consumer, {plans: (StepPlan,)}, 1000):
-                        result = await self._execute(entry)
-                        if result is not None:
-                            await redis_io.send(self.r, self.keys.worker_results, result)
-                    backoff.reset()
-                except redis_io.REDIS_ERRORS as e:
-                    delay = backoff.next()
-                    log.error("redis error: %s; retrying in %.1fs", e, delay)
-                    await asyncio.sleep(delay)
+                    entry = await asyncio.wait_for(entries.get(), STOP_POLL_S)
+                except TimeoutError:
+                    for task in (reader, sender):
+                        if task.done():
+                            task.result()  # a bug, not Redis (that is retried): fatal, with its traceback
+                    continue
+                result = await self._execute(entry)
+                if result is not None:
+                    results.put_nowait(result)
+            with contextlib.suppress(TimeoutError):  # hand over what is computed, if Redis lets us
+                await asyncio.wait_for(results.join(), STOP_POLL_S)
         finally:
+            reader.cancel()
+            sender.cancel()
+            await asyncio.gather(reader, sender, return_exceptions=True)
             await heartbeat.stop()
         return 0
+
+    async def _read_plans(self, stream: str, consumer: str, entries: asyncio.Queue) -> None:
+        backoff = redis_io.Backoff()
+        while True:
+            try:
+                for entry in await redis_io.read_group(self.r, GROUP, consumer, {stream: (StepPlan,)}, 1000):
+                    await entries.put(entry)
+                backoff.reset()
+            except redis_io.REDIS_ERRORS as e:
+                delay = backoff.next()
+                log.error("redis error reading plans: %s; retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+
+    async def _send_results(self, results: asyncio.Queue) -> None:
+        """In step order; a result is retried until Redis takes it (the scheduler resets
+        the worker if it waits too long)."""
+        backoff = redis_io.Backoff()
+        while True:
+            result = await results.get()
+            while True:
+                try:
+                    await redis_io.send(self.r, self.keys.worker_results, result)
+                    backoff.reset()
+                    break
+                except redis_io.REDIS_ERRORS as e:
+                    delay = backoff.next()
+                    log.error("redis error sending the result of step %d: %s; retrying in %.1fs",
+                              result.step_id, e, delay)
+                    await asyncio.sleep(delay)
+            results.task_done()
 
     async def _execute(self, entry: Entry) -> StepResult | None:
         plan: StepPlan | None = entry.message
