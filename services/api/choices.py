@@ -55,6 +55,11 @@ class Choices:
     async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[tuple[int, Output]]:
         """(index, output) of every sequence as they come, until all are finished; a client
         gone aborts them all (is_disconnected None: the caller watches the client)."""
+        if len(self.gens) == 1 and is_disconnected is None:  # a stream: one layer less per token
+            gen = self.gens[0]
+            while (out := await gen.next()) is not None:
+                yield 0, out
+            return
         if len(self.gens) == 1:
             async for out in outputs_until_disconnect(self.gens[0], is_disconnected):
                 yield 0, out

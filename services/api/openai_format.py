@@ -48,6 +48,28 @@ def usage_chunk(choices: Choices) -> dict:
     return _envelope(choices, kind, [], usage=choices.usage())
 
 
+class ChunkTemplate:
+    """The SSE bytes of one choice's plain chunk (new text only: no logprobs, no finish
+    reason, no usage figures) cut once per stream around a marker, the text JSON-escaped
+    into the gap: byte for byte sse(completion_chunk(...)) or sse(chat_chunk(...)), without
+    building and dumping the envelope for every token."""
+
+    _MARKER = "\ue000pagedserve-text\ue000"  # private use: json.dumps leaves it as it is
+
+    def __init__(self, choices: Choices, index: int) -> None:
+        out = Output(self._MARKER, [])
+        chunk = chat_chunk(choices, index, out) if choices.prepared.kind == "chat" else \
+            completion_chunk(choices, index, out, 0)
+        self._head, self._tail = sse(chunk).split(json.dumps(self._MARKER, ensure_ascii=False).encode())
+
+    @staticmethod
+    def applies(choices: Choices) -> bool:
+        return choices.prepared.sampling.logprobs is None and not choices.prepared.continuous_usage
+
+    def sse(self, text: str) -> bytes:
+        return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
+
+
 def sse(obj: dict | str) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n".encode()

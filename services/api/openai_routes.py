@@ -71,11 +71,16 @@ async def _sse_events(choices: Choices):
         for index in range(len(choices.gens)):
             yield fmt.sse(fmt.chat_role_chunk(choices, index))
     text_offsets = [0] * len(choices.gens)
+    templates = [fmt.ChunkTemplate(choices, i) for i in range(len(choices.gens))] \
+        if fmt.ChunkTemplate.applies(choices) else None
     async for index, out in choices.outputs(None):  # GenerationStream watches the client
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
-        yield fmt.sse(fmt.chat_chunk(choices, index, out) if chat
-                      else fmt.completion_chunk(choices, index, out, text_offsets[index]))
+        if templates is not None and out.finish_reason is None:
+            yield templates[index].sse(out.text)
+        else:
+            yield fmt.sse(fmt.chat_chunk(choices, index, out) if chat
+                          else fmt.completion_chunk(choices, index, out, text_offsets[index]))
         text_offsets[index] += len(out.text)
     if choices.why == CLIENT_GONE:
         return
