@@ -34,7 +34,7 @@ log = logging.getLogger("pagedserve.worker")
 
 HERE = Path(__file__).parent
 SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "attention" / "cpu_prefill.cpp",
-           "fused": HERE / "cpu_fused.cpp"}
+           "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp"}
 
 
 @contextlib.contextmanager

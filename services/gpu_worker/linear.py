@@ -8,8 +8,15 @@ and calling mkldnn._linear_pointwise measured 1.5-3x faster per projection of Sm
 results. The batch-size hint only picks oneDNN's blocking: 64 was best or within 5% of
 the best from 1 to 2048 rows (1 and 1024 were up to 2x worse at 64 rows).
 
+A step of at most a few rows (a lone request decoding) goes to cpu_gemv.cpp instead,
+where the CPU has AVX-512 BF16: oneDNN reads the weight at a third of the memory bandwidth
+there on a CPU without AMX (Zen 4, SmolLM2's LM head at one row: 2.5 -> 1.6 ms; a layer's
+projections 3-5x faster). That keeps a second copy of the weight in cpu_gemv's layout
+(SmolLM2: +269 MB); PAGEDSERVE_SMALL_M_GEMV=0 turns it off.
+
 float32 keeps F.linear (MKL sgemm, no reorder; and the float32 path must match HF
-transformers bit for bit). PAGEDSERVE_PACK_WEIGHTS=0 turns packing off.
+transformers bit for bit). PAGEDSERVE_PACK_WEIGHTS=0 turns packing off (and the small-row
+path with it).
 """
 
 from __future__ import annotations
@@ -19,13 +26,28 @@ import os
 import torch
 import torch.nn.functional as F
 
+from services.gpu_worker import cpu_extensions
+
 PACK_BATCH_HINT = 64
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "1") not in ("0", "false", "no")
 
 
 def packing_enabled(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and os.environ.get("PAGEDSERVE_PACK_WEIGHTS", "1") not in ("0", "false", "no"))
+            and _env_on("PAGEDSERVE_PACK_WEIGHTS"))
+
+
+def small_m_kernel(weight: torch.Tensor):
+    """cpu_gemv's module where it serves this weight's few-row products, else None."""
+    if not (packing_enabled(weight) and _env_on("PAGEDSERVE_SMALL_M_GEMV")
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0):
+        return None
+    gemv = cpu_extensions.load("gemv")
+    return gemv if gemv is not None and gemv.supported() else None
 
 
 class PackedLinear:
@@ -35,9 +57,16 @@ class PackedLinear:
         self.weight = weight  # the parameter itself: the unpacked path follows its updates
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
+        self.gemv = small_m_kernel(weight) if self.packed is not None else None
+        self.gemv_packed = self.gemv.pack(weight.detach()) if self.gemv is not None else None
+        self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
         if self.packed is None:
             return F.linear(x, self.weight)
+        if x.shape[0] <= self.max_gemv_rows:
+            out = x.new_empty(x.shape[0], self.weight.shape[0])
+            self.gemv.linear(out, x.contiguous(), self.gemv_packed)
+            return out
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")

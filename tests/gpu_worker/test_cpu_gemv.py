@@ -1,0 +1,91 @@
+"""The few-row bf16 linear (cpu_gemv.cpp) against a float32 reference, and PackedLinear's
+routing to it.
+
+Each product of two bf16 is exact in float32 and the kernel sums in float32, so its result
+is the float32 reference rounded to bf16, give or take one bf16 step where the two sum
+orders round apart.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.gpu_worker import cpu_extensions
+from services.gpu_worker.linear import PackedLinear
+
+gemv = cpu_extensions.load("gemv")
+pytestmark = pytest.mark.skipif(gemv is None or not gemv.supported(),
+                                reason="cpu_gemv needs a C++ build and AVX-512 BF16")
+BF16 = torch.bfloat16
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
+
+
+def _assert_within_one_bf16_step(out, x, weight):
+    ref = x.float() @ weight.float().T
+    # one bf16 step at each value's magnitude, plus what float32 sums in another order may
+    # differ by (K * 2^-24 of the sum of the terms' magnitudes: matters where terms cancel)
+    magnitude = x.float().abs() @ weight.float().abs().T
+    step = ref.abs() * 2.0 ** -7 + x.shape[1] * 2.0 ** -24 * magnitude
+    assert out.dtype == BF16 and out.shape == ref.shape
+    assert ((out.float() - ref).abs() <= step).all()
+    assert (out == ref.to(BF16)).float().mean() > 0.95  # mostly the float32 result, rounded
+
+
+def test_pack_layout_is_pairs_of_k_for_16_outputs():
+    weight = torch.arange(32 * 4, dtype=torch.float32).reshape(32, 4).to(BF16)
+    packed = gemv.pack(weight)
+    assert packed.shape == (2, 2, 16, 2)
+    # block 1 (outputs 16..31), k pair 1 (k = 2, 3), output 16 + 5
+    assert packed[1, 1, 5].tolist() == weight[21, 2:4].tolist()
+
+
+@pytest.mark.parametrize("num_rows", range(1, 9))
+@pytest.mark.parametrize("out_features, in_features", [(16, 2), (48, 576), (960, 576), (80, 1536)])
+def test_linear_equals_float32_reference_rounded(num_rows, out_features, in_features):
+    weight = _rand(out_features, in_features, seed=out_features)
+    x = _rand(num_rows, in_features, seed=num_rows)
+    out = torch.empty(num_rows, out_features, dtype=BF16)
+    gemv.linear(out, x, gemv.pack(weight))
+    _assert_within_one_bf16_step(out, x, weight)
+
+
+def test_linear_reads_strided_rows_and_writes_strided_rows():
+    weight = _rand(64, 32)
+    x = _rand(3, 40)[:, 4:36]  # rows 40 apart
+    out = torch.zeros(3, 80, dtype=BF16)
+    gemv.linear(out[:, 8:72], x, gemv.pack(weight))
+    _assert_within_one_bf16_step(out[:, 8:72], x, weight)
+    assert not out[:, :8].any() and not out[:, 72:].any()
+
+
+def test_linear_refuses_bad_shapes():
+    packed = gemv.pack(_rand(32, 8))
+    with pytest.raises(RuntimeError, match="rows"):
+        gemv.linear(torch.empty(9, 32, dtype=BF16), _rand(9, 8), packed)
+    with pytest.raises(RuntimeError, match="x"):
+        gemv.linear(torch.empty(1, 32, dtype=BF16), _rand(1, 6), packed)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        gemv.pack(_rand(20, 8))
+
+
+def test_packed_linear_takes_few_rows_to_gemv_and_many_to_onednn(monkeypatch):
+    weight = _rand(96, 64, seed=3)
+    linear = PackedLinear(weight)
+    assert linear.max_gemv_rows == gemv.max_rows() == 8
+    calls = []
+    monkeypatch.setattr(linear, "gemv", type("Spy", (), {"linear": lambda self, *a: calls.append(a) or gemv.linear(*a)})())
+    for num_rows in (1, 8, 9, 64):
+        x = _rand(num_rows, 64, seed=num_rows)
+        _assert_within_one_bf16_step(linear(x), x, weight)
+    assert [a[1].shape[0] for a in calls] == [1, 8]
+
+
+def test_small_m_path_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_SMALL_M_GEMV", "0")
+    linear = PackedLinear(_rand(32, 8))
+    assert linear.gemv is None and linear.max_gemv_rows == 0
+    assert PackedLinear(_rand(20, 8)).gemv is None  # not a multiple of 16 either way
