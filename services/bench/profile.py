@@ -4,7 +4,7 @@ Puts the workload's requests into the engine, runs --skip-steps steps unprofiled
 default past random-64's prefill), then profiles --steps steps with torch.profiler and
 prints the top items by self CPU time per step. The C++ kernels (cpu_extensions) are not
 torch ops: each of their calls is wrapped in a record_function range named after it
-(kernel.paged_decode_attention, fused.silu_and_mul, ...) so they are listed too. What no
+(kernel.paged_decode_attention, fused.silu_and_mul, gemv.linear_q4, ...) so they are listed too. What no
 row covers is Python between the ops ("unaccounted").
 """
 
@@ -51,6 +51,10 @@ def _trace_kernels(engine) -> None:
     for attribute in ("_kernel", "_prefill_kernel"):  # the decode and the prefill attention kernels
         if getattr(backend, attribute, None) is not None:
             setattr(backend, attribute, _Traced(getattr(backend, attribute), "kernel"))
+    linears = [model.head] + [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    for linear in linears:  # the few-row projections (cpu_gemv: gemv.linear, gemv.linear_q4)
+        if linear.gemv is not None:
+            linear.gemv = _Traced(linear.gemv, "gemv")
 
 
 def profile_steps(engine, num_steps: int) -> tuple[float, list[dict]]:

@@ -70,6 +70,78 @@ void rows(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_s
     }
   });
 }
+
+// ---- Q4_1 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32], q in 0..15 --------
+// Stored as nibbles [N/16, K/2, 16] (byte i of pair j: q[n_i, 2j] | q[n_i, 2j+1] << 4) and
+// dm [N/16, K/32, 2, 16] fp16 (d then m of the 16 outputs). Per 32-k group and output:
+// y += d * sum_k x_k q_k + m * sum_k x_k. q is exact in bf16, so the inner sums are exact
+// products summed in float32, like the bf16 path; the weights are the GGUF's exact values
+// (the float32 model's), not their bf16 roundings.
+template <int M, int NB>
+inline void tile_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride,
+                    const float* xsum, int64_t num_groups, const uint8_t* nib, const uint16_t* dm,
+                    int64_t K2, int64_t b0) {
+  // q (0..15) -> bf16 bits, by a 16-bit permute (indices 16..31 never occur)
+  alignas(64) static const uint16_t kTable[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+                                                  0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  const __m512i table = _mm512_load_si512(kTable);
+  const __m512i low_nibbles = _mm512_set1_epi32(0x000F000F);
+  __m512 acc[M][NB];
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < num_groups; ++g) {
+    __m512 part[M][NB];
+    for (int m = 0; m < M; ++m)
+      for (int b = 0; b < NB; ++b) part[m][b] = _mm512_setzero_ps();
+    for (int64_t j = 16 * g; j < 16 * g + 16; ++j) {
+      __m512bh wv[NB];
+      for (int b = 0; b < NB; ++b) {
+        const uint8_t* p = nib + ((b0 + b) * K2 + j) * 16;
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 512, _MM_HINT_T0);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        // 32-bit lane i = byte i: low half <- its low nibble, high half <- its high nibble
+        const __m512i q = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), low_nibbles);
+        wv[b] = (__m512bh)_mm512_permutexvar_epi16(q, table);
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + j]));
+        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], xv, wv[b]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const uint16_t* dmb = dm + ((b0 + b) * num_groups + g) * 32;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmb)));
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmb + 16)));
+      for (int m = 0; m < M; ++m) {
+        acc[m][b] = _mm512_fmadd_ps(d, part[m][b], acc[m][b]);
+        acc[m][b] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * num_groups + g]), acc[m][b]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * out_stride + (b0 + b) * 16),
+                          (__m256i)_mm512_cvtneps_pbh(acc[m][b]));
+}
+
+template <int M>
+void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride, const float* xsum,
+             const uint8_t* nib, const uint16_t* dm, int64_t K2, int64_t num_blocks) {
+  constexpr int64_t NB = M <= 2 ? 4 : (M <= 4 ? 2 : 1);  // 2 * M * NB accumulators <= 16 registers
+  const int64_t num_groups = K2 / 16, num_tiles = (num_blocks + NB - 1) / NB;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K2 * NB));
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b0 = t * NB;
+      if (num_blocks - b0 >= NB) {
+        tile_q4<M, NB>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b0);
+      } else {
+        for (int64_t b = b0; b < num_blocks; ++b)
+          tile_q4<M, 1>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b);
+      }
+    }
+  });
+}
 #endif
 
 }  // namespace
@@ -122,10 +194,69 @@ void linear(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
 #endif
 }
 
+// q uint8 [N, K] (0..15), d and m float32 [N, K/32] (fp16 values) -> (nibbles, dm) as above
+std::vector<torch::Tensor> pack_q4(torch::Tensor q, torch::Tensor d, torch::Tensor m) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "pack_q4: q uint8 [N, K]");
+  const int64_t N = q.size(0), K = q.size(1);
+  TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "pack_q4: N must be a multiple of 16 and K of 32");
+  TORCH_CHECK(d.sizes() == torch::IntArrayRef({N, K / 32}) && m.sizes() == d.sizes(), "pack_q4: d, m [N, K/32]");
+  auto pairs = q.view({N / 16, 16, K / 2, 2}).permute({0, 2, 1, 3});  // [N/16, K/2, 16, 2]
+  auto nib = pairs.select(3, 0).bitwise_or(pairs.select(3, 1).mul(16)).contiguous();
+  auto dm = torch::stack({d.to(torch::kHalf), m.to(torch::kHalf)}, 0)  // [2, N, K/32]
+                .view({2, N / 16, 16, K / 32}).permute({1, 3, 0, 2}).contiguous();  // [N/16, K/32, 2, 16]
+  return std::vector<torch::Tensor>{nib, dm.view(torch::kShort)};
+}
+
+// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by pack_q4(); M <= max_rows()
+void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
+  TORCH_CHECK(supported(), "linear_q4: this build has no AVX-512 BF16");
+  TORCH_CHECK(nib.scalar_type() == torch::kUInt8 && nib.is_contiguous() && nib.dim() == 3 &&
+                  dm.scalar_type() == torch::kInt16 && dm.is_contiguous(),
+              "linear_q4: nibbles and dm from pack_q4()");
+  const int64_t M = x.size(0), K2 = nib.size(1), num_blocks = nib.size(0);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 &&
+                  x.stride(0) % 2 == 0,
+              "linear_q4: x [M, K] bf16, contiguous rows");
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == num_blocks * 16 && out.stride(1) == 1,
+              "linear_q4: out [M, N] bf16, contiguous rows");
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "linear_q4: 1 to ", kMaxRows, " rows");
+#if defined(__AVX512BF16__)
+  const int64_t num_groups = K2 / 16;
+  const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
+  float xs[kMaxRows * 512];  // [M, K/32]: each row's sum over each 32-k group
+  TORCH_CHECK(num_groups <= 512, "linear_q4: K up to 16384");
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < num_groups; ++g) {
+      float sum = 0.f;
+      for (int64_t k = 32 * g; k < 32 * g + 32; ++k) sum += static_cast<float>(xb[m * x.stride(0) + k]);
+      xs[m * num_groups + g] = sum;
+    }
+  auto* o = out.data_ptr<c10::BFloat16>();
+  const auto* xp = reinterpret_cast<const uint32_t*>(xb);
+  const uint8_t* np = nib.data_ptr<uint8_t>();
+  const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
+  const int64_t os = out.stride(0), xst = x.stride(0) / 2;
+  switch (M) {
+    case 1: rows_q4<1>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 2: rows_q4<2>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 3: rows_q4<3>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 4: rows_q4<4>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 5: rows_q4<5>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 6: rows_q4<6>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    case 7: rows_q4<7>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+    default: rows_q4<8>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
+  }
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "compiled with AVX-512 BF16");
   m.def("max_rows", &max_rows, "most rows linear() takes");
   m.def("pack", &pack, "bf16 weight [N, K] -> pairs layout [N/16, K/2, 16, 2]");
   m.def("linear", &linear, "out [M, N] = x [M, K] @ W^T for a few bf16 rows",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("pack_q4", &pack_q4, "Q4_1 q [N, K], d, m [N, K/32] -> (nibbles [N/16, K/2, 16], dm [N/16, K/32, 2, 16])");
+  m.def("linear_q4", &linear_q4, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q4_1",
         py::call_guard<py::gil_scoped_release>());
 }
