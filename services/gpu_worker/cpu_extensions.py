@@ -6,6 +6,8 @@
   CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
 - fused (cpu_fused.cpp): bf16 RMSNorm, residual add + RMSNorm, SwiGLU and rotary, each
   one pass over memory, rounding as torch's op chains do.
+- gemv (cpu_gemv.cpp): few-row bf16 linears (bf16 weights, GGUF Q4_1 blocks), AVX-512 BF16.
+- gemv_f32 (cpu_gemv_f32.cpp): few-row float32 linears on GGUF Q4_1 and Q8_0 blocks, AVX2.
 
 Built with torch's cpp_extension (g++ and ninja, both installed with the project) into
 torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), once per
@@ -34,7 +36,8 @@ log = logging.getLogger("pagedserve.worker")
 
 HERE = Path(__file__).parent
 SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "attention" / "cpu_prefill.cpp",
-           "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp"}
+           "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp",
+           "gemv_f32": HERE / "cpu_gemv_f32.cpp"}
 
 
 @contextlib.contextmanager

@@ -194,25 +194,12 @@ void linear(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
 #endif
 }
 
-// q uint8 [N, K] (0..15), d and m float32 [N, K/32] (fp16 values) -> (nibbles, dm) as above
-std::vector<torch::Tensor> pack_q4(torch::Tensor q, torch::Tensor d, torch::Tensor m) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "pack_q4: q uint8 [N, K]");
-  const int64_t N = q.size(0), K = q.size(1);
-  TORCH_CHECK(N % 16 == 0 && K % 32 == 0, "pack_q4: N must be a multiple of 16 and K of 32");
-  TORCH_CHECK(d.sizes() == torch::IntArrayRef({N, K / 32}) && m.sizes() == d.sizes(), "pack_q4: d, m [N, K/32]");
-  auto pairs = q.view({N / 16, 16, K / 2, 2}).permute({0, 2, 1, 3});  // [N/16, K/2, 16, 2]
-  auto nib = pairs.select(3, 0).bitwise_or(pairs.select(3, 1).mul(16)).contiguous();
-  auto dm = torch::stack({d.to(torch::kHalf), m.to(torch::kHalf)}, 0)  // [2, N, K/32]
-                .view({2, N / 16, 16, K / 32}).permute({1, 3, 0, 2}).contiguous();  // [N/16, K/32, 2, 16]
-  return std::vector<torch::Tensor>{nib, dm.view(torch::kShort)};
-}
-
-// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by pack_q4(); M <= max_rows()
+// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by gguf_blocks.pack_q4_1(); M <= max_rows()
 void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
   TORCH_CHECK(supported(), "linear_q4: this build has no AVX-512 BF16");
   TORCH_CHECK(nib.scalar_type() == torch::kUInt8 && nib.is_contiguous() && nib.dim() == 3 &&
                   dm.scalar_type() == torch::kInt16 && dm.is_contiguous(),
-              "linear_q4: nibbles and dm from pack_q4()");
+              "linear_q4: nibbles and dm from gguf_blocks.pack_q4_1()");
   const int64_t M = x.size(0), K2 = nib.size(1), num_blocks = nib.size(0);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 &&
                   x.stride(0) % 2 == 0,
@@ -256,7 +243,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "bf16 weight [N, K] -> pairs layout [N/16, K/2, 16, 2]");
   m.def("linear", &linear, "out [M, N] = x [M, K] @ W^T for a few bf16 rows",
         py::call_guard<py::gil_scoped_release>());
-  m.def("pack_q4", &pack_q4, "Q4_1 q [N, K], d, m [N, K/32] -> (nibbles [N/16, K/2, 16], dm [N/16, K/32, 2, 16])");
   m.def("linear_q4", &linear_q4, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q4_1",
         py::call_guard<py::gil_scoped_release>());
 }

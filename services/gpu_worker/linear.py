@@ -13,24 +13,29 @@ where the CPU has AVX-512 BF16: oneDNN reads the weight at a third of the memory
 there on a CPU without AMX (Zen 4, SmolLM2's LM head at one row: 2.5 -> 1.6 ms; a layer's
 projections 3-5x faster). That keeps a second copy of the weight in cpu_gemv's layout
 (SmolLM2: +269 MB); PAGEDSERVE_SMALL_M_GEMV=0 turns it off. A projection loaded from GGUF
-Q4_1 blocks keeps those instead (services.gpu_worker.q4_weights: 0.625 bytes a weight), so
+Q4_1 blocks keeps those instead (services.gpu_worker.gguf_blocks: 0.625 bytes a weight), so
 a few-row step reads SmolLM2's layers from 66 MB instead of 212 MB, and multiplies by the
 GGUF's exact weights (the float32 model's) where oneDNN's many-row path uses their bf16
 roundings: a request's bf16 logits depend a little on how many rows its step has.
 
-float32 keeps F.linear (MKL sgemm, no reorder; and the float32 path must match HF
-transformers bit for bit). PAGEDSERVE_PACK_WEIGHTS=0 turns packing off (and the small-row
-path with it).
+float32 keeps F.linear (MKL sgemm, no reorder) for many rows. Its few-row steps read the
+GGUF blocks where the CPU has AVX2, FMA and F16C (cpu_gemv_f32.cpp; float32 is the default
+dtype where the CPU lacks AVX-512 BF16): SmolLM2's layers from Q4_1 (66 MB a token instead
+of 424) and its LM head from Q8_0 (30 MB instead of 113). Those are the float32 weights'
+exact values, summed in another order than MKL's: logits differ in the last bits, and
+greedy output still matches HF transformers (tests/gpu_worker/test_model.py).
+PAGEDSERVE_PACK_WEIGHTS=0 turns bf16 packing off (and the bf16 small-row path with it).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions, q4_weights
+from services.gpu_worker import cpu_extensions, gguf_blocks
 
 PACK_BATCH_HINT = 64
 
@@ -40,54 +45,76 @@ def _env_on(name: str) -> bool:
 
 
 def packing_enabled(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _mkldnn_bf16()
             and _env_on("PAGEDSERVE_PACK_WEIGHTS"))
 
 
+@functools.cache
+def _mkldnn_bf16() -> bool:
+    """oneDNN packs bf16 weights only on a CPU with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
+    elsewhere (AVX2 alone) _reorder_linear_weight raises, and bf16 keeps F.linear."""
+    mkldnn = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_is_mkldnn_bf16_supported") and bool(mkldnn._is_mkldnn_bf16_supported()))
+
+
 def small_m_kernel(weight: torch.Tensor):
-    """cpu_gemv's module where it serves this weight's few-row products, else None."""
-    if not (packing_enabled(weight) and _env_on("PAGEDSERVE_SMALL_M_GEMV")
+    """The module that serves this weight's few-row products, else None: cpu_gemv for bf16
+    weights (packed for oneDNN) on a CPU with AVX-512 BF16; cpu_gemv_f32 for float32 ones
+    (GGUF blocks only) on one with AVX2, FMA and F16C."""
+    bf16 = packing_enabled(weight)
+    float32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+    if not ((bf16 or float32) and _env_on("PAGEDSERVE_SMALL_M_GEMV")
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0):
         return None
-    gemv = cpu_extensions.load("gemv")
-    return gemv if gemv is not None and gemv.supported() else None
+    module = cpu_extensions.load("gemv" if bf16 else "gemv_f32")
+    return module if module is not None and module.supported() else None
 
 
-def _q4_1_is_weight(q4_1: tuple[torch.Tensor, ...], weight: torch.Tensor) -> bool:
-    """The blocks dequantize to the parameter (in its dtype) and suit the kernel's tiling."""
-    q = q4_1[0]
+def _blocks_are_weight(blocks: tuple[torch.Tensor, ...], weight: torch.Tensor) -> bool:
+    """The blocks dequantize to the parameter (in its dtype) and suit the kernels' tiling."""
+    q = blocks[0]
     if q.shape != weight.shape or weight.shape[1] % 32:
         return False
-    return torch.equal(q4_weights.dequantize(*q4_1).to(weight.dtype), weight.detach())
+    return torch.equal(gguf_blocks.dequantize(*blocks).to(weight.dtype), weight.detach())
 
 
 class PackedLinear:
     """A projection by one [out, in] weight; packed where packing_enabled(), else F.linear."""
 
-    def __init__(self, weight: torch.Tensor, pack: bool = True, q4_1: tuple[torch.Tensor, ...] | None = None) -> None:
-        """q4_1: the weight's GGUF blocks (services.gpu_worker.q4_weights), if it came from
-        them: few-row products then read those instead of a bf16 copy."""
+    def __init__(self, weight: torch.Tensor, pack: bool = True, blocks: tuple[torch.Tensor, ...] | None = None) -> None:
+        """blocks: the weight's GGUF blocks (services.gpu_worker.gguf_blocks: Q4_1 (q, d, m)
+        or Q8_0 (q, d)), if it came from them: few-row products then read those instead of
+        a copy of the weight. cpu_gemv (bf16) takes Q4_1 only; cpu_gemv_f32 both."""
         self.weight = weight  # the parameter itself: the unpacked path follows its updates
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
-        self.gemv = small_m_kernel(weight) if self.packed is not None else None
-        self.gemv_packed = self.gemv_q4 = None
-        if self.gemv is not None and q4_1 is not None and _q4_1_is_weight(q4_1, weight):
-            self.gemv_q4 = self.gemv.pack_q4(*q4_1)
-        elif self.gemv is not None:
+        self.gemv = small_m_kernel(weight) if pack else None
+        self.gemv_packed = self.gemv_q4 = self.gemv_q8 = None
+        bf16 = self.packed is not None
+        if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
+            blocks = None
+        if blocks is not None and len(blocks) == 3:
+            self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
+        elif blocks is not None and not bf16:
+            self.gemv_q8 = gguf_blocks.pack_q8_0(*blocks)
+        elif self.gemv is not None and bf16:
             self.gemv_packed = self.gemv.pack(weight.detach())
+        else:
+            self.gemv = None  # float32 without blocks: F.linear throughout
         self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
-        if self.packed is None:
-            return F.linear(x, self.weight)
         if x.shape[0] <= self.max_gemv_rows:
             out = x.new_empty(x.shape[0], self.weight.shape[0])
             if self.gemv_q4 is not None:
                 self.gemv.linear_q4(out, x.contiguous(), *self.gemv_q4)
+            elif self.gemv_q8 is not None:
+                self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
                 self.gemv.linear(out, x.contiguous(), self.gemv_packed)
             return out
+        if self.packed is None:
+            return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions, q4_weights
+from services.gpu_worker import cpu_extensions, gguf_blocks
 from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
 from services.gpu_worker.linear import PackedLinear
 from services.gpu_worker.model_config import ModelConfig
@@ -55,13 +55,13 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
         self.prepare(None, pack=False)
 
-    def prepare(self, fused, pack: bool = True, q4_1: dict | None = None) -> None:
+    def prepare(self, fused, pack: bool = True, blocks: dict | None = None) -> None:
         """(Re)build the projections from the current parameters and take the fused kernels
-        (None: plain torch ops); LlamaForCausalLM.prepare calls it. q4_1: this layer's GGUF
+        (None: plain torch ops); LlamaForCausalLM.prepare calls it. blocks: this layer's GGUF
         blocks by projection ("qkv", "o", "gate_up", "down"), where it has them."""
-        q4_1 = q4_1 or {}
+        blocks = blocks or {}
         self.qkv, self.o, self.gate_up, self.down = (
-            PackedLinear(w, pack, q4_1.get(key)) for key, w in
+            PackedLinear(w, pack, blocks.get(key)) for key, w in
             (("qkv", self.qkv_proj), ("o", self.o_proj), ("gate_up", self.gate_up_proj), ("down", self.down_proj)))
         self.fused = fused
 
@@ -134,26 +134,32 @@ class LlamaForCausalLM(torch.nn.Module):
         the fused kernels (cpu_fused.cpp). load_state_dict_canonical calls it; call it again
         after changing parameters by hand or moving the model (a packed weight is a copy:
         it does not follow the parameter). optimized=False: plain torch ops throughout."""
-        on_cpu_bf16 = self.embed_tokens.device.type == "cpu" and self.dtype == torch.bfloat16
+        on_cpu = self.embed_tokens.device.type == "cpu"
+        on_cpu_bf16 = on_cpu and self.dtype == torch.bfloat16
         fused = cpu_extensions.load("fused") if optimized and on_cpu_bf16 else None
-        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized)
+        head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+        gguf = getattr(self, "gguf_blocks", {}) if optimized and on_cpu else {}
+        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized,
+                                 gguf.get(head_name))
         self.fused = fused  # None: every layer on plain torch ops (forward); else forward_fused
         for i, layer in enumerate(self.layers):
-            layer.prepare(fused, optimized, self._layer_q4_1(i) if optimized and on_cpu_bf16 else None)
+            layer.prepare(fused, optimized, self._layer_blocks(gguf, i))
 
-    def attach_q4_1(self, blocks: dict[str, tuple[torch.Tensor, ...]]) -> None:
-        """Keep the GGUF's Q4_1 blocks (services.gpu_worker.q4_weights.load_q4_1) for the
-        few-row kernel; prepare() packs them where they equal the parameters."""
-        self.q4_1_blocks = blocks
+    def attach_gguf_blocks(self, blocks: dict[str, tuple[torch.Tensor, ...]]) -> None:
+        """Keep the GGUF's quantized blocks by canonical name (services.gpu_worker.gguf_blocks:
+        Q4_1 and Q8_0) for the few-row kernels; prepare() packs them where they equal the
+        parameters."""
+        self.gguf_blocks = blocks
 
-    def _layer_q4_1(self, i: int) -> dict[str, tuple[torch.Tensor, ...]]:
-        blocks = getattr(self, "q4_1_blocks", {})
+    @staticmethod
+    def _layer_blocks(blocks: dict, i: int) -> dict[str, tuple[torch.Tensor, ...]]:
         p = f"model.layers.{i}."
         names = {"qkv": [p + f"self_attn.{x}_proj.weight" for x in "qkv"], "o": [p + "self_attn.o_proj.weight"],
                  "gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
                  "down": [p + "mlp.down_proj.weight"]}
-        return {key: q4_weights.concat([blocks[n] for n in parts])
-                for key, parts in names.items() if all(n in blocks for n in parts)}
+        return {key: gguf_blocks.concat([blocks[n] for n in parts])
+                for key, parts in names.items()
+                if all(n in blocks for n in parts) and len({len(blocks[n]) for n in parts}) == 1}
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
@@ -248,7 +254,9 @@ def build_model(path_or_name: str, dtype: torch.dtype = torch.float32, device=No
 
     config, state = load_weights(path_or_name)
     model = LlamaForCausalLM(config, dtype=dtype, device=device)
-    if dtype == torch.bfloat16 and model.embed_tokens.device.type == "cpu":
-        model.attach_q4_1(q4_weights.load_q4_1(path_or_name, config.num_heads, config.num_kv_heads))
+    if dtype in (torch.bfloat16, torch.float32) and model.embed_tokens.device.type == "cpu":
+        heads = (config.num_heads, config.num_kv_heads)
+        model.attach_gguf_blocks({**gguf_blocks.load_q4_1(path_or_name, *heads),
+                                  **gguf_blocks.load_q8_0(path_or_name, *heads)})
     model.load_state_dict_canonical(state)
     return model.eval()

@@ -39,8 +39,8 @@ GROUP = CONSUMER = "kvstore"
 STATS_INTERVAL_S = 0.25  # at most 4 writes a second while busy: each is a Redis round trip
 # a full check walks every block (4-5 ms for a 2 GiB pool, CPU taken from the worker's
 # cores): every 10 s while busy, and once the stream has been quiet for QUIET_S. Quiet is
-# measured from the last change, not from one empty read: a decode step takes longer than
-# a 50 ms read, so "an empty read" alone would check once per step.
+# measured from the last change, not from one empty read (a read waits only until the next
+# stats write is due, shorter than a decode step: "an empty read" alone would check every step).
 INTEGRITY_INTERVAL_S = 10.0
 QUIET_S = 0.5
 # counters of BlockManager.stats() carried over when the manager is replaced
@@ -86,8 +86,7 @@ class KvStoreLoop:
         try:
             while not stop.is_set():
                 try:
-                    block_ms = 50 if self.stats_dirty or self.last_change > self.last_integrity else 1000
-                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms)
+                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, self._block_ms())
                     for entry in entries:
                         if entry.stream == self.keys.worker_hello:
                             if entry.error is None:
@@ -186,6 +185,18 @@ class KvStoreLoop:
         if self.check_every_step or self.last_change <= self.last_integrity:
             return False  # checked after every step, or nothing changed since the last check
         return now - self.last_integrity >= INTEGRITY_INTERVAL_S or (idle and now - self.last_change >= QUIET_S)
+
+    def _block_ms(self) -> int:
+        """How long a read may wait: until the next stats write or integrity check falls due
+        (a read that times out is "idle"), else 1 s. Not a fixed short poll: while busy,
+        steps come every few tens of ms and each wake-up takes CPU from the worker's cores."""
+        now = time.monotonic()
+        deadlines = [now + 1.0]
+        if self.stats_dirty:
+            deadlines.append(self.last_stats + STATS_INTERVAL_S)
+        if not self.check_every_step and self.last_change > self.last_integrity:
+            deadlines += [self.last_change + QUIET_S, self.last_integrity + INTEGRITY_INTERVAL_S]
+        return max(1, round((min(deadlines) - now) * 1000))
 
     async def _write_stats(self, idle: bool) -> None:
         now = time.monotonic()

@@ -1,5 +1,5 @@
 """The few-row bf16 linears (cpu_gemv.cpp: bf16 weights, and GGUF Q4_1 blocks) against a
-float32 reference, PackedLinear's routing to them, and the Q4_1 blocks of SmolLM2's GGUF.
+float32 reference, and PackedLinear's routing to them.
 
 Each product of two bf16 is exact in float32 and the kernel sums in float32, so its result
 is the float32 reference rounded to bf16, give or take one bf16 step where the two sum
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker import cpu_extensions, q4_weights
+from services.gpu_worker import cpu_extensions, gguf_blocks
 from services.gpu_worker.linear import PackedLinear
 from services.gpu_worker.model import build_model
-from services.gpu_worker.weights import load_weights
+from tests.gpu_worker.gguf_factories import q4_1_blocks
 
 gemv = cpu_extensions.load("gemv")
 pytestmark = pytest.mark.skipif(gemv is None or not gemv.supported(),
@@ -96,58 +96,30 @@ def test_small_m_path_can_be_turned_off(monkeypatch):
 # ---- Q4_1 weights --------------------------------------------------------------------------
 
 
-def _q4_1(out_features, in_features, seed=0):
-    """Random GGUF-like blocks: q in 0..15, d and m fp16 values (as float32)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=gen)
-    d = (torch.rand(out_features, in_features // 32, generator=gen) * 0.02).half().float()
-    m = (-torch.rand(out_features, in_features // 32, generator=gen) * 0.15).half().float()
-    return q, d, m
 
-
-def test_pack_q4_layout():
-    q, d, m = _q4_1(32, 64)
-    nibbles, dm = gemv.pack_q4(q, d, m)
-    assert nibbles.shape == (2, 32, 16) and dm.shape == (2, 2, 2, 16)
-    # block 1 (outputs 16..31), k pair 3 (k = 6, 7), output 16 + 5: low nibble k=6, high k=7
-    assert int(nibbles[1, 3, 5]) == int(q[21, 6]) | int(q[21, 7]) << 4
-    # block 0, group 1 (k 32..63): d then m of outputs 0..15, as fp16
-    assert dm[0, 1, 0].view(torch.float16).float().tolist() == d[:16, 1].tolist()
-    assert dm[0, 1, 1].view(torch.float16).float().tolist() == m[:16, 1].tolist()
 
 
 @pytest.mark.parametrize("num_rows", range(1, 9))
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (80, 576), (960, 576), (48, 1536)])
 def test_linear_q4_equals_float32_reference_rounded(num_rows, out_features, in_features):
-    blocks = _q4_1(out_features, in_features, seed=out_features)
-    weight = q4_weights.dequantize(*blocks)
+    blocks = q4_1_blocks(out_features, in_features, seed=out_features)
+    weight = gguf_blocks.dequantize(*blocks)
     x = _rand(num_rows, in_features, seed=num_rows)
     out = torch.empty(num_rows, out_features, dtype=BF16)
-    gemv.linear_q4(out, x, *gemv.pack_q4(*blocks))
+    gemv.linear_q4(out, x, *gguf_blocks.pack_q4_1(*blocks))
     _assert_within_one_bf16_step(out, x, weight)
 
 
 def test_packed_linear_reads_q4_blocks_only_where_they_are_the_weight():
-    blocks = _q4_1(64, 64, seed=5)
-    weight = q4_weights.dequantize(*blocks).to(BF16)
-    linear = PackedLinear(weight, q4_1=blocks)
+    blocks = q4_1_blocks(64, 64, seed=5)
+    weight = gguf_blocks.dequantize(*blocks).to(BF16)
+    linear = PackedLinear(weight, blocks=blocks)
     assert linear.gemv_q4 is not None and linear.gemv_packed is None  # no bf16 copy kept
     x = _rand(2, 64)
-    _assert_within_one_bf16_step(linear(x), x, q4_weights.dequantize(*blocks))
-    other = PackedLinear(weight * 2, q4_1=blocks)  # blocks of another weight: refused
+    _assert_within_one_bf16_step(linear(x), x, gguf_blocks.dequantize(*blocks))
+    other = PackedLinear(weight * 2, blocks=blocks)  # blocks of another weight: refused
     assert other.gemv_q4 is None and other.gemv_packed is not None
     _assert_within_one_bf16_step(other(x), x, (weight * 2).float())
-
-
-def test_gguf_q4_1_blocks_dequantize_to_the_loaded_weights():
-    config, state = load_weights("smollm2")
-    blocks = q4_weights.load_q4_1("smollm2", config.num_heads, config.num_kv_heads)
-    assert len(blocks) == 7 * config.num_layers  # every projection of SmolLM2's GGUF is Q4_1
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-                 "model.layers.29.mlp.down_proj.weight"):
-        q, d, m = blocks[name]
-        assert q.dtype == torch.uint8 and int(q.max()) <= 15 and d.shape == (q.shape[0], q.shape[1] // 32)
-        assert torch.equal(q4_weights.dequantize(q, d, m), state[name])  # bit for bit, Q/K rows unpermuted
 
 
 def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
@@ -155,3 +127,4 @@ def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert model.head.gemv_packed is not None  # the tied Q8_0 embedding: a bf16 copy
+

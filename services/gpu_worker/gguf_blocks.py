@@ -1,0 +1,107 @@
+"""A GGUF's quantized tensors as they are stored, for the few-row kernels (cpu_gemv.cpp,
+cpu_gemv_f32.cpp), and their packed layouts.
+
+Q4_1 (SmolLM2's layer projections): per 32 weights of a row, fp16 d, fp16 m, then 16 bytes
+of 4-bit q (byte i: weight i in its low nibble, weight 16 + i in its high one); weight =
+d * q + m. Q8_0 (its tied embedding, the LM head): fp16 d, then 32 int8 q; weight = d * q.
+The loader dequantizes these to the float32 state dict (what HF transformers computes too);
+the bf16 model rounds them to bf16. The few-row kernels read q and d (and m) instead: 0.625
+and 1.0625 bytes a weight instead of 2 or 4, and multiply by the exact GGUF values.
+
+load_q4_1 returns, by canonical name, (q uint8 [N, K], d float32 [N, K/32], m float32
+[N, K/32]); load_q8_0 (q int8 [N, K], d float32 [N, K/32]). Q/K rows are unpermuted as the
+state dict's are; {} for a model that is not a GGUF or has no tensor of that type.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from services.gpu_worker.weights import _canonical_gguf_name, _unpermute_rope_rows, find_gguf_in_dir, resolve_model
+
+BLOCK = 32  # weights per block, both types
+Q4_1_BLOCK_BYTES = 20
+Q8_0_BLOCK_BYTES = 34
+
+
+def _tensors(path_or_name: str, type_name: str, block_bytes: int):
+    """(canonical name, number of columns, raw blocks uint8 [rows, K/32, block bytes]) per tensor."""
+    import gguf
+
+    path = resolve_model(path_or_name)
+    if os.path.isdir(path):
+        path = find_gguf_in_dir(path)
+    if not path:
+        return
+    wanted = getattr(gguf.GGMLQuantizationType, type_name)
+    for tensor in gguf.GGUFReader(path).tensors:
+        if tensor.tensor_type == wanted:
+            num_cols = int(tensor.shape[0])  # GGUF shapes list the fastest dimension first
+            raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, num_cols // BLOCK, block_bytes)
+            yield _canonical_gguf_name(tensor.name), num_cols, raw
+
+
+def _fp16(raw: np.ndarray, offset: int) -> np.ndarray:
+    return raw[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _as_state_rows(name: str, arrays: tuple, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, ...]:
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads
+        arrays = tuple(_unpermute_rope_rows(a, heads) for a in arrays)
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+
+
+def load_q4_1(path_or_name: str, num_heads: int, num_kv_heads: int) -> dict[str, tuple[torch.Tensor, ...]]:
+    blocks = {}
+    for name, num_cols, raw in _tensors(path_or_name, "Q4_1", Q4_1_BLOCK_BYTES):
+        packed = raw[..., 4:]
+        q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(raw.shape[0], num_cols)
+        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0), _fp16(raw, 2)), num_heads, num_kv_heads)
+    return blocks
+
+
+def load_q8_0(path_or_name: str, num_heads: int, num_kv_heads: int) -> dict[str, tuple[torch.Tensor, ...]]:
+    blocks = {}
+    for name, num_cols, raw in _tensors(path_or_name, "Q8_0", Q8_0_BLOCK_BYTES):
+        q = raw[..., 2:].copy().view(np.int8).reshape(raw.shape[0], num_cols)
+        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0)), num_heads, num_kv_heads)
+    return blocks
+
+
+def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [N, K]: d * q + m (Q4_1) or d * q (Q8_0), as the GGUF loader computes it."""
+    w = d.repeat_interleave(BLOCK, 1) * q.float()
+    return w if m is None else w + m.repeat_interleave(BLOCK, 1)
+
+
+def concat(parts: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """Several projections' blocks stacked along N (the fused qkv and gate_up)."""
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
+
+
+def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' Q4_1 layout: nibbles uint8 [N/16, K/2, 16] (byte i of pair j: q[n_i, 2j]
+    | q[n_i, 2j+1] << 4) and dm int16 [N/16, K/32, 2, 16] (fp16 bits: d then m of the 16
+    outputs). N a multiple of 16, K of 32."""
+    num_rows, num_cols = q.shape
+    if num_rows % 16 or num_cols % BLOCK or d.shape != (num_rows, num_cols // BLOCK) or m.shape != d.shape:
+        raise ValueError(f"Q4_1 blocks of a [{num_rows}, {num_cols}] weight: N % 16, K % 32, d and m [N, K/32]")
+    pairs = q.view(num_rows // 16, 16, num_cols // 2, 2).permute(0, 2, 1, 3)  # [N/16, K/2, 16, 2]
+    nibbles = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+    dm = torch.stack([d.half(), m.half()]).view(2, num_rows // 16, 16, -1).permute(1, 3, 0, 2)
+    return nibbles, dm.contiguous().view(torch.int16)
+
+
+def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 kernel's Q8_0 layout: q int8 [N/16, K, 16] (16 outputs for each k) and d
+    int16 [N/16, K/32, 16] (fp16 bits). N a multiple of 16, K of 32."""
+    num_rows, num_cols = q.shape
+    if num_rows % 16 or num_cols % BLOCK or d.shape != (num_rows, num_cols // BLOCK):
+        raise ValueError(f"Q8_0 blocks of a [{num_rows}, {num_cols}] weight: N % 16, K % 32, d [N, K/32]")
+    packed_q = q.view(num_rows // 16, 16, num_cols).permute(0, 2, 1).contiguous()
+    packed_d = d.half().view(num_rows // 16, 16, -1).permute(0, 2, 1).contiguous()
+    return packed_q, packed_d.view(torch.int16)

@@ -1,0 +1,40 @@
+"""How long the kvstore's read waits (KvStoreLoop._block_ms): until the next stats write or
+integrity check falls due, else a second; never a fixed short poll while busy."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.kvstore import loop as kv_loop
+from services.kvstore.loop import KvStoreLoop
+from shared.streams import Keys
+
+
+@pytest.fixture
+def kv() -> KvStoreLoop:
+    loop = KvStoreLoop(None, Keys("test-kv-wait"), check_every_step=False)
+    loop.stats_dirty = False
+    return loop
+
+
+def test_nothing_pending_waits_a_second(kv):
+    assert kv._block_ms() == 1000
+
+
+def test_dirty_stats_wait_until_their_write_is_due(kv):
+    kv.stats_dirty, kv.last_stats = True, time.monotonic()
+    assert 200 <= kv._block_ms() <= kv_loop.STATS_INTERVAL_S * 1000
+    kv.last_stats -= 10  # overdue: read without waiting
+    assert kv._block_ms() == 1
+
+
+def test_a_change_waits_until_the_quiet_integrity_check(kv):
+    now = time.monotonic()
+    kv.last_integrity, kv.last_change = now - 1, now
+    assert 450 <= kv._block_ms() <= kv_loop.QUIET_S * 1000
+    kv.last_integrity = now - kv_loop.INTEGRITY_INTERVAL_S - 1  # the busy-time check is overdue
+    assert kv._block_ms() == 1
+    kv.check_every_step = True  # checked after every step: nothing to wait for
+    assert kv._block_ms() == 1000
