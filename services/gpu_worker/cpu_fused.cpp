@@ -1,17 +1,20 @@
-// Fused bf16 element-wise ops for the CPU path: one pass over memory instead of torch's
-// chain of ops (each reading and writing the whole tensor, each a dispatch).
+// Fused element-wise ops for the CPU path, bf16 or float32: one pass over memory instead
+// of torch's chain of ops (each reading and writing the whole tensor, each a dispatch).
 //
-// Every op reproduces, rounding for rounding, what the torch (and HF transformers) bf16
-// sequence computes: each intermediate that torch stores as bf16 is rounded to bf16 here
-// too (round to nearest even). Products and sums are bit-identical; the RMS mean (sum
-// order) and SiLU's exp (another vector expf) can move a result by one bf16 step.
-// All tensors bf16 and contiguous in their last dimension; rows may be strided (views).
+// Every op reproduces, rounding for rounding, what the torch (and HF transformers) sequence
+// computes: each intermediate that torch stores as bf16 is rounded to bf16 here too (round
+// to nearest even); in float32 every op rounds as float32 arithmetic does. Products and
+// sums are bit-identical; the RMS mean (sum order), SiLU's exp (another vector expf) and,
+// in float32, products the compiler fuses into an FMA can move a result by one step (one
+// bf16 step, or one float32 ulp). All tensors of a call share one dtype (bf16 or float32)
+// and are contiguous in their last dimension; rows may be strided (views).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -37,64 +40,105 @@ inline float round_bf16(float f) {  // f as it reads back after being stored as 
 }
 inline bf16 narrow(float f) { return bf16(bits_of(f), bf16::from_bits()); }
 
+// T is bf16 or float: load widens to float, store narrows (round to nearest even), as_stored
+// is what a float reads back as after a store to T
+inline float load(bf16 x) { return widen(x); }
+inline float load(float x) { return x; }
+template <typename T> inline T store(float f);
+template <> inline bf16 store<bf16>(float f) { return narrow(f); }
+template <> inline float store<float>(float f) { return f; }
+template <typename T> inline float as_stored(float f) { return std::is_same_v<T, bf16> ? round_bf16(f) : f; }
+
 // rows per task: small batches (a decode step's few rows) run on the calling thread
 inline int64_t grain_for(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elems)); }
 
-void check_bf16(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.stride(-1) == 1, name, ": bf16, contiguous last dim");
+// the dtype of the first tensor checked in a call: bf16 or float32; every other must match
+bool check_dtype(const torch::Tensor& t, const char* name, const torch::Tensor& first) {
+  TORCH_CHECK((first.scalar_type() == torch::kBFloat16 || first.scalar_type() == torch::kFloat) &&
+                  t.scalar_type() == first.scalar_type() && t.stride(-1) == 1,
+              name, ": bf16 or float32 (one dtype for every tensor), contiguous last dim");
+  return first.scalar_type() == torch::kBFloat16;
 }
 
-// RMSNorm of one row of C: out = w * bf16(x * rsqrt(mean(x^2) + eps)) (HF LlamaRMSNorm)
-inline void norm_row(bf16* out, const float* x, const bf16* w, int64_t C, float eps) {
+// call f(T{}) with T the scalar type of the checked tensors
+template <typename F>
+void by_dtype(bool is_bf16, F&& f) {
+  if (is_bf16) f(bf16{}); else f(float{});
+}
+
+// RMSNorm of one row of C: out = w * T(x * rsqrt(mean(x^2) + eps)) (HF LlamaRMSNorm)
+template <typename T>
+inline void norm_row(T* out, const float* x, const T* w, int64_t C, float eps) {
   float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
   for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
   const float inv = 1.f / std::sqrt(ss / C + eps);
 #pragma omp simd
-  for (int64_t c = 0; c < C; ++c) out[c] = narrow(widen(w[c]) * round_bf16(x[c] * inv));
+  for (int64_t c = 0; c < C; ++c) out[c] = store<T>(load(w[c]) * as_stored<T>(x[c] * inv));
 }
 
 }  // namespace
 
 // out [T, C] = rms_norm(x [T, C]) * weight [C]
 void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps) {
-  check_bf16(out, "rms_norm out"), check_bf16(x, "rms_norm x"), check_bf16(weight, "rms_norm weight");
-  const int64_t T = x.size(0), C = x.size(1);
-  at::parallel_for(0, T, grain_for(C), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(C);
-    for (int64_t t = begin; t < end; ++t) {
-      const bf16* xt = x.data_ptr<bf16>() + t * x.stride(0);
-      for (int64_t c = 0; c < C; ++c) row[c] = widen(xt[c]);
-      norm_row(out.data_ptr<bf16>() + t * out.stride(0), row.data(), weight.data_ptr<bf16>(), C, eps);
-    }
-  });
-}
-
-// residual [T, C] <- bf16(residual + x); out [T, C] = rms_norm(residual) * weight
-void add_rms_norm(torch::Tensor out, torch::Tensor residual, torch::Tensor x, torch::Tensor weight, double eps) {
-  check_bf16(out, "add_rms_norm out"), check_bf16(residual, "add_rms_norm residual");
-  check_bf16(x, "add_rms_norm x"), check_bf16(weight, "add_rms_norm weight");
-  const int64_t T = x.size(0), C = x.size(1);
-  at::parallel_for(0, T, grain_for(C), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(C);
-    for (int64_t t = begin; t < end; ++t) {
-      bf16* rt = residual.data_ptr<bf16>() + t * residual.stride(0);
-      const bf16* xt = x.data_ptr<bf16>() + t * x.stride(0);
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        row[c] = round_bf16(widen(rt[c]) + widen(xt[c]));
-        rt[c] = narrow(row[c]);
+  const bool is_bf16 = check_dtype(x, "rms_norm x", x);
+  check_dtype(out, "rms_norm out", x), check_dtype(weight, "rms_norm weight", x);
+  const int64_t N = x.size(0), C = x.size(1);
+  by_dtype(is_bf16, [&](auto zero) {
+    using T = decltype(zero);
+    at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      std::vector<float> row(C);
+      for (int64_t t = begin; t < end; ++t) {
+        const T* xt = x.data_ptr<T>() + t * x.stride(0);
+        for (int64_t c = 0; c < C; ++c) row[c] = load(xt[c]);
+        norm_row(out.data_ptr<T>() + t * out.stride(0), row.data(), weight.data_ptr<T>(), C, eps);
       }
-      norm_row(out.data_ptr<bf16>() + t * out.stride(0), row.data(), weight.data_ptr<bf16>(), C, eps);
-    }
+    });
   });
 }
 
-// out [T, I] = bf16(silu(gate)) * up, gate_up [T, 2I] = [gate | up]
+// residual [T, C] <- T(residual + x); out [T, C] = rms_norm(residual) * weight
+void add_rms_norm(torch::Tensor out, torch::Tensor residual, torch::Tensor x, torch::Tensor weight, double eps) {
+  const bool is_bf16 = check_dtype(x, "add_rms_norm x", x);
+  check_dtype(out, "add_rms_norm out", x), check_dtype(residual, "add_rms_norm residual", x);
+  check_dtype(weight, "add_rms_norm weight", x);
+  const int64_t N = x.size(0), C = x.size(1);
+  by_dtype(is_bf16, [&](auto zero) {
+    using T = decltype(zero);
+    at::parallel_for(0, N, grain_for(C), [&](int64_t begin, int64_t end) {
+      std::vector<float> row(C);
+      for (int64_t t = begin; t < end; ++t) {
+        T* rt = residual.data_ptr<T>() + t * residual.stride(0);
+        const T* xt = x.data_ptr<T>() + t * x.stride(0);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          row[c] = as_stored<T>(load(rt[c]) + load(xt[c]));
+          rt[c] = store<T>(row[c]);
+        }
+        norm_row(out.data_ptr<T>() + t * out.stride(0), row.data(), weight.data_ptr<T>(), C, eps);
+      }
+    });
+  });
+}
+
+// out [T, I] = T(silu(gate)) * up, gate_up [T, 2I] = [gate | up]
 void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
-  check_bf16(out, "silu_and_mul out"), check_bf16(gate_up, "silu_and_mul gate_up");
+  const bool is_bf16 = check_dtype(gate_up, "silu_and_mul gate_up", gate_up);
+  check_dtype(out, "silu_and_mul out", gate_up);
   const int64_t T = out.size(0), I = out.size(1);
   TORCH_CHECK(gate_up.size(1) == 2 * I, "silu_and_mul: gate_up must be [T, 2 * I]");
+  if (!is_bf16) {
+    at::parallel_for(0, T, grain_for(2 * I), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* g = gate_up.data_ptr<float>() + t * gate_up.stride(0);
+        const float* u = g + I;
+        float* o = out.data_ptr<float>() + t * out.stride(0);
+#pragma omp simd
+        for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      }
+    });
+    return;
+  }
   at::parallel_for(0, T, grain_for(2 * I), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint16_t* g = reinterpret_cast<const uint16_t*>(gate_up.data_ptr<bf16>() + t * gate_up.stride(0));
@@ -112,30 +156,33 @@ void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
 
 namespace {
 
-// cos/sin of one position, rounded to bf16 as transformers does (c, s: half floats each)
+// cos/sin of one position, rounded to T as transformers does (c, s: half floats each)
+template <typename T>
 inline void angles_of(float* c, float* s, const torch::Tensor& cos, const torch::Tensor& sin, int64_t pos,
                       int64_t half) {
   const float* ct = cos.data_ptr<float>() + pos * half;
   const float* st = sin.data_ptr<float>() + pos * half;
-  for (int64_t i = 0; i < half; ++i) c[i] = round_bf16(ct[i]), s[i] = round_bf16(st[i]);
+  for (int64_t i = 0; i < half; ++i) c[i] = as_stored<T>(ct[i]), s[i] = as_stored<T>(st[i]);
 }
 
 // rotate `heads` contiguous head rows of 2 * half dims in place
-inline void rotate_heads(bf16* x, int64_t heads, int64_t half, const float* c, const float* s) {
+template <typename T>
+inline void rotate_heads(T* x, int64_t heads, int64_t half, const float* c, const float* s) {
   for (int64_t h = 0; h < heads; ++h) {
-    bf16* x1 = x + h * 2 * half;
-    bf16* x2 = x1 + half;
+    T* x1 = x + h * 2 * half;
+    T* x2 = x1 + half;
 #pragma omp simd
     for (int64_t i = 0; i < half; ++i) {
-      const float a = widen(x1[i]), b = widen(x2[i]);
-      x1[i] = narrow(round_bf16(a * c[i]) - round_bf16(b * s[i]));
-      x2[i] = narrow(round_bf16(b * c[i]) + round_bf16(a * s[i]));
+      const float a = load(x1[i]), b = load(x2[i]);
+      x1[i] = store<T>(as_stored<T>(a * c[i]) - as_stored<T>(b * s[i]));
+      x2[i] = store<T>(as_stored<T>(b * c[i]) + as_stored<T>(a * s[i]));
     }
   }
 }
 
-void check_rotary_args(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  check_bf16(x, "rotary x");
+void check_rotary_args(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                       const torch::Tensor& first) {
+  check_dtype(x, "rotary x", first);
   TORCH_CHECK(x.stride(1) == x.size(2), "rotary: heads must be contiguous");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous(),
               "rotary: cos/sin float32, contiguous");
@@ -147,15 +194,18 @@ void check_rotary_args(const torch::Tensor& x, const torch::Tensor& cos, const t
 // every head rotate by the angle of positions[t]: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
 // with cos/sin [max_pos, D/2] float32 rounded to bf16 first, as transformers does.
 void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
-  check_rotary_args(x, cos, sin);
-  const int64_t T = x.size(0), heads = x.size(1), half = x.size(2) / 2;
+  check_rotary_args(x, cos, sin, x);
+  const int64_t N = x.size(0), heads = x.size(1), half = x.size(2) / 2;
   const int64_t* pos = positions.data_ptr<int64_t>();
-  at::parallel_for(0, T, grain_for(heads * 2 * half), [&](int64_t begin, int64_t end) {
-    std::vector<float> c(half), s(half);
-    for (int64_t t = begin; t < end; ++t) {
-      angles_of(c.data(), s.data(), cos, sin, pos[t], half);
-      rotate_heads(x.data_ptr<bf16>() + t * x.stride(0), heads, half, c.data(), s.data());
-    }
+  by_dtype(x.scalar_type() == torch::kBFloat16, [&](auto zero) {
+    using T = decltype(zero);
+    at::parallel_for(0, N, grain_for(heads * 2 * half), [&](int64_t begin, int64_t end) {
+      std::vector<float> c(half), s(half);
+      for (int64_t t = begin; t < end; ++t) {
+        angles_of<T>(c.data(), s.data(), cos, sin, pos[t], half);
+        rotate_heads(x.data_ptr<T>() + t * x.stride(0), heads, half, c.data(), s.data());
+      }
+    });
   });
 }
 
@@ -164,36 +214,40 @@ void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::
 // kv_cache [2, NB, BS, Hkv, D] (slot = block * BS + offset, as write_kv stores them).
 void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor positions, torch::Tensor cos,
                    torch::Tensor sin, torch::Tensor kv_cache, torch::Tensor slots) {
-  check_rotary_args(q, cos, sin), check_rotary_args(k, cos, sin), check_bf16(v, "rope_write_kv v");
-  check_bf16(kv_cache, "rope_write_kv kv_cache");
+  check_rotary_args(q, cos, sin, q), check_rotary_args(k, cos, sin, q), check_dtype(v, "rope_write_kv v", q);
+  check_dtype(kv_cache, "rope_write_kv kv_cache", q);
   TORCH_CHECK(kv_cache.is_contiguous() && v.stride(1) == v.size(2), "rope_write_kv: contiguous pool and v heads");
   TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.size(0) == q.size(0), "rope_write_kv: int64 slot per token");
-  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), half = q.size(2) / 2;
+  const int64_t N = q.size(0), H = q.size(1), Hkv = k.size(1), half = q.size(2) / 2;
   const int64_t row = Hkv * 2 * half;  // one token's K (or V) in the pool
   const int64_t plane = kv_cache.numel() / 2;
   const int64_t num_slots = plane / row;
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "rope_write_kv: slot out of range");
-  bf16* k_pool = kv_cache.data_ptr<bf16>();
-  bf16* v_pool = k_pool + plane;
-  at::parallel_for(0, T, grain_for((H + 2 * Hkv) * 2 * half), [&](int64_t begin, int64_t end) {
-    std::vector<float> c(half), s(half);
-    for (int64_t t = begin; t < end; ++t) {
-      angles_of(c.data(), s.data(), cos, sin, pos[t], half);
-      rotate_heads(q.data_ptr<bf16>() + t * q.stride(0), H, half, c.data(), s.data());
-      bf16* kt = k.data_ptr<bf16>() + t * k.stride(0);
-      rotate_heads(kt, Hkv, half, c.data(), s.data());
-      std::memcpy(k_pool + slot[t] * row, kt, row * sizeof(bf16));
-      std::memcpy(v_pool + slot[t] * row, v.data_ptr<bf16>() + t * v.stride(0), row * sizeof(bf16));
-    }
+  for (int64_t t = 0; t < N; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "rope_write_kv: slot out of range");
+  by_dtype(q.scalar_type() == torch::kBFloat16, [&](auto zero) {
+    using T = decltype(zero);
+    T* k_pool = kv_cache.data_ptr<T>();
+    T* v_pool = k_pool + plane;
+    at::parallel_for(0, N, grain_for((H + 2 * Hkv) * 2 * half), [&](int64_t begin, int64_t end) {
+      std::vector<float> c(half), s(half);
+      for (int64_t t = begin; t < end; ++t) {
+        angles_of<T>(c.data(), s.data(), cos, sin, pos[t], half);
+        rotate_heads(q.data_ptr<T>() + t * q.stride(0), H, half, c.data(), s.data());
+        T* kt = k.data_ptr<T>() + t * k.stride(0);
+        rotate_heads(kt, Hkv, half, c.data(), s.data());
+        std::memcpy(k_pool + slot[t] * row, kt, row * sizeof(T));
+        std::memcpy(v_pool + slot[t] * row, v.data_ptr<T>() + t * v.stride(0), row * sizeof(T));
+      }
+    });
   });
 }
 
 // [N] int64: the index of each row's maximum in logits [N, V] (the first one on ties, as
 // torch.max(dim=1)), read straight from bf16: no float32 copy of the logits.
 torch::Tensor argmax_rows(torch::Tensor logits) {
-  check_bf16(logits, "argmax_rows logits");
+  TORCH_CHECK(logits.scalar_type() == torch::kBFloat16 && logits.stride(-1) == 1,
+              "argmax_rows logits: bf16, contiguous last dim");
   const int64_t N = logits.size(0), V = logits.size(1);
   auto out = torch::empty({N}, torch::kInt64);
   int64_t* idx = out.data_ptr<int64_t>();
@@ -214,14 +268,14 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 logits",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rms_norm", &rms_norm, "RMSNorm (bf16)",
+  m.def("rms_norm", &rms_norm, "RMSNorm (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16)",
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16)",
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU activation (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rotary", &rotary, "rotary embedding in place (bf16)",
+  m.def("rotary", &rotary, "rotary embedding in place (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16)",
+  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
 }

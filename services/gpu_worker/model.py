@@ -130,13 +130,13 @@ class LlamaForCausalLM(torch.nn.Module):
         self.prepare(optimized=False)  # the parameters are not loaded yet
 
     def prepare(self, optimized: bool = True) -> None:
-        """Pack every projection for the current parameters and, for bf16 on the CPU, take
-        the fused kernels (cpu_fused.cpp). load_state_dict_canonical calls it; call it again
+        """Pack every projection for the current parameters and, for bf16 or float32 on the
+        CPU, take the fused kernels (cpu_fused.cpp). load_state_dict_canonical calls it; call it again
         after changing parameters by hand or moving the model (a packed weight is a copy:
         it does not follow the parameter). optimized=False: plain torch ops throughout."""
         on_cpu = self.embed_tokens.device.type == "cpu"
-        on_cpu_bf16 = on_cpu and self.dtype == torch.bfloat16
-        fused = cpu_extensions.load("fused") if optimized and on_cpu_bf16 else None
+        fusable = on_cpu and self.dtype in (torch.bfloat16, torch.float32)
+        fused = cpu_extensions.load("fused") if optimized and fusable else None
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         gguf = getattr(self, "gguf_blocks", {}) if optimized and on_cpu else {}
         self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized,
