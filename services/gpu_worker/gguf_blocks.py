@@ -20,7 +20,13 @@ import os
 import numpy as np
 import torch
 
-from services.gpu_worker.weights import _canonical_gguf_name, _unpermute_rope_rows, find_gguf_in_dir, resolve_model
+from services.gpu_worker.weights import (
+    _canonical_gguf_name,
+    _unpermute_rope_rows,
+    find_gguf_in_dir,
+    open_gguf,
+    resolve_model,
+)
 
 BLOCK = 32  # weights per block, both types
 Q4_1_BLOCK_BYTES = 20
@@ -37,7 +43,7 @@ def _tensors(path_or_name: str, type_name: str, block_bytes: int):
     if not path:
         return
     wanted = getattr(gguf.GGMLQuantizationType, type_name)
-    for tensor in gguf.GGUFReader(path).tensors:
+    for tensor in open_gguf(path).tensors:
         if tensor.tensor_type == wanted:
             num_cols = int(tensor.shape[0])  # GGUF shapes list the fastest dimension first
             raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, num_cols // BLOCK, block_bytes)

@@ -10,6 +10,7 @@ embeddings are not tied, `lm_head.weight`.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -49,14 +50,27 @@ def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor
     return _load_gguf(path)
 
 
+@functools.lru_cache(maxsize=4)
+def gguf_reader(path: str, mtime_ns: int | None = None):
+    """A parsed gguf.GGUFReader, one per file and version (mtime_ns, for the cache key):
+    parsing the header (the tokenizer's arrays) takes seconds, and loading a model reads the
+    file three times (the state dict, then its Q4_1 and Q8_0 blocks). Tensor data are
+    memory maps: the cache holds no copy of the weights."""
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def open_gguf(path: str):
+    return gguf_reader(path, os.stat(path).st_mtime_ns)
+
+
 def load_config(path_or_name: str) -> ModelConfig:
     """Only the config (reads headers, no tensor data)."""
     path = resolve_model(path_or_name)
     gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
     if gguf_file:
-        import gguf
-
-        return ModelConfig.from_gguf(gguf.GGUFReader(gguf_file))
+        return ModelConfig.from_gguf(open_gguf(gguf_file))
     return _hf_dir_config(path)
 
 
@@ -92,7 +106,7 @@ def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path)
     config = ModelConfig.from_gguf(reader)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:

@@ -60,3 +60,10 @@ def test_packing_refuses_shapes_the_kernels_cannot_tile():
         gguf_blocks.pack_q4_1(*q4_1_blocks(24, 64))
     with pytest.raises(ValueError, match="K % 32"):
         gguf_blocks.pack_q8_0(torch.zeros(16, 48, dtype=torch.int8), torch.zeros(16, 1))
+
+
+def test_the_gguf_is_parsed_once_per_file_version(smollm2):
+    from services.gpu_worker.weights import open_gguf, resolve_model
+
+    path = resolve_model("smollm2")
+    assert open_gguf(path) is open_gguf(path)  # the state dict and both block kinds share it
