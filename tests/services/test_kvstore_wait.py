@@ -4,6 +4,7 @@ integrity check falls due, else a second; never a fixed short poll while busy.""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -38,3 +39,13 @@ def test_a_change_waits_until_the_quiet_integrity_check(kv):
     assert kv._block_ms() == 1
     kv.check_every_step = True  # checked after every step: nothing to wait for
     assert kv._block_ms() == 1000
+
+
+def test_no_quiet_check_while_requests_hold_blocks(kv):
+    now = time.monotonic()
+    kv.last_integrity, kv.last_change = now - 2, now - 1  # quiet for a second: a slow step
+    kv.manager = SimpleNamespace(num_held_blocks=12)  # ... but requests still hold blocks
+    assert not kv._integrity_due(now, idle=True)
+    assert kv._block_ms() > 1000 * kv_loop.QUIET_S  # only the 10 s check or the 1 s read bound
+    kv.manager = SimpleNamespace(num_held_blocks=0)  # all freed: the burst is over
+    assert kv._integrity_due(now, idle=True)
