@@ -4,8 +4,8 @@
   float32 or bfloat16.
 - prefill (attention/cpu_prefill.cpp): paged causal prefill attention, bfloat16, where the
   CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
-- fused (cpu_fused.cpp): bf16 RMSNorm, residual add + RMSNorm, SwiGLU and rotary, each
-  one pass over memory, rounding as torch's op chains do.
+- fused (cpu_fused.cpp): RMSNorm, residual add + RMSNorm, SwiGLU and rotary, bf16 or
+  float32, each one pass over memory, rounding as torch's op chains do.
 - gemv (cpu_gemv.cpp): few-row bf16 linears (bf16 weights, GGUF Q4_1 blocks), AVX-512 BF16.
 - gemv_f32 (cpu_gemv_f32.cpp): few-row float32 linears on GGUF Q4_1 and Q8_0 blocks, AVX2.
 
@@ -16,7 +16,7 @@ turns on an flock, which also clears the lock file torch leaves when a build is 
 AVX-512 paths compile only where the CPU has AVX-512; elsewhere portable loops).
 -ffast-math is on the compile line only (so exp loops use glibc's vector expf); the link
 line does not get it, so crtfastmath is not linked and the process keeps IEEE denormals
-(the float32 model must still match HF transformers bit for bit).
+(float32 results stay within an ulp of torch's, and greedy output matches HF transformers).
 
 PAGEDSERVE_CPU_KERNELS=0 turns them off (the torch path then runs plain torch ops). A
 build or load failure is logged once and also leaves plain torch in charge, so a machine
