@@ -13,7 +13,7 @@ Built with torch's cpp_extension (g++ and ninja, both installed with the project
 torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), once per
 machine: later processes load the cached build. Several processes starting at once take
 turns on an flock, which also clears the lock file torch leaves when a build is killed. -march=native: the build is for the machine that runs it (its
-AVX-512 paths compile only where the CPU has AVX-512; elsewhere portable loops).
+AVX-512 and AVX2 paths compile only where the CPU has them; elsewhere portable loops).
 -ffast-math is on the compile line only (so exp loops use glibc's vector expf); the link
 line does not get it, so crtfastmath is not linked and the process keeps IEEE denormals
 (float32 results stay within an ulp of torch's, and greedy output matches HF transformers).
