@@ -6,7 +6,8 @@
   CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
 - fused (cpu_fused.cpp): RMSNorm, residual add + RMSNorm, SwiGLU and rotary, bf16 or
   float32, each one pass over memory, rounding as torch's op chains do.
-- gemv (cpu_gemv.cpp): few-row bf16 linears (bf16 weights, GGUF Q4_1 blocks), AVX-512 BF16.
+- gemv (cpu_gemv.cpp): few-row bf16 linears (bf16 weights, GGUF Q4_1 and Q8_0 blocks),
+  AVX-512 BF16.
 - gemv_f32 (cpu_gemv_f32.cpp): few-row float32 linears on GGUF Q4_1 and Q8_0 blocks, AVX2.
 
 Built with torch's cpp_extension (g++ and ninja, both installed with the project) into

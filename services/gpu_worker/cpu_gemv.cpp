@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -24,6 +26,21 @@ namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows per call; more go to oneDNN
 constexpr int64_t kTile = 4;     // 16-output blocks per task step: independent dependency chains
+
+// f(std::integral_constant<int, M>) for M in 1..kMaxRows: the row count as a template argument
+template <typename F>
+void by_rows(int64_t M, F&& f) {
+  switch (M) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
 
 #if defined(__AVX512BF16__)
 // out[m, 16*b0 .. 16*(b0+NB)) for NB consecutive 16-output blocks and M rows
@@ -142,6 +159,66 @@ void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t 
     }
   });
 }
+
+// ---- Q8_0 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k], q in -128..127 ----------------
+// q [N/16, K, 16] int8 (16 outputs' weights at one k) and d [N/16, K/32, 16] fp16: the
+// float32 kernel's layout (gguf_blocks.pack_q8_0). x is widened to float32 (exact); per
+// 32-k group and output the products q * x are summed in float32 (even and odd k apart, so
+// FMA latency hides), then y += d * sum, rounded to bf16 once. As for Q4_1, the weights are
+// the GGUF's exact values: SmolLM2's LM head reads 1.06 bytes a weight instead of 2.
+template <int M, int NB>
+inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
+                    const uint16_t* ds, int64_t b0) {
+  const int64_t num_groups = K / 32;
+  __m512 acc[M][NB];
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < num_groups; ++g) {
+    __m512 part[M][NB][2];  // [.., k parity]
+    for (int m = 0; m < M; ++m)
+      for (int b = 0; b < NB; ++b) part[m][b][0] = part[m][b][1] = _mm512_setzero_ps();
+    for (int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+      __m512 w[NB];
+      for (int b = 0; b < NB; ++b) {
+        const int8_t* p = qs + ((b0 + b) * K + k) * 16;
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024, _MM_HINT_T0);
+        w[b] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m512 xv = _mm512_set1_ps(x[m * K + k]);
+        for (int b = 0; b < NB; ++b) part[m][b][k & 1] = _mm512_fmadd_ps(w[b], xv, part[m][b][k & 1]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 d = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ds + ((b0 + b) * num_groups + g) * 16)));
+      for (int m = 0; m < M; ++m)
+        acc[m][b] = _mm512_fmadd_ps(d, _mm512_add_ps(part[m][b][0], part[m][b][1]), acc[m][b]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < NB; ++b)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * out_stride + (b0 + b) * 16),
+                          (__m256i)_mm512_cvtneps_pbh(acc[m][b]));
+}
+
+template <int M>
+void rows_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
+             const uint16_t* ds, int64_t num_blocks) {
+  constexpr int64_t NB = M <= 2 ? 4 : (M <= 4 ? 2 : 1);  // 2 * M * NB accumulators <= 16 registers
+  const int64_t num_tiles = (num_blocks + NB - 1) / NB;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K * NB));
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b0 = t * NB;
+      if (num_blocks - b0 >= NB) {
+        tile_q8<M, NB>(out, out_stride, x, K, qs, ds, b0);
+      } else {
+        for (int64_t b = b0; b < num_blocks; ++b) tile_q8<M, 1>(out, out_stride, x, K, qs, ds, b);
+      }
+    }
+  });
+}
 #endif
 
 }  // namespace
@@ -181,16 +258,7 @@ void linear(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<c10::BFloat16>());
   const auto* p = packed.data_ptr<c10::BFloat16>();
   const int64_t os = out.stride(0), xs = x.stride(0) / 2;  // xs in bf16 pairs
-  switch (M) {
-    case 1: rows<1>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 2: rows<2>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 3: rows<3>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 4: rows<4>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 5: rows<5>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 6: rows<6>(o, os, xp, xs, p, K2, num_blocks); break;
-    case 7: rows<7>(o, os, xp, xs, p, K2, num_blocks); break;
-    default: rows<8>(o, os, xp, xs, p, K2, num_blocks); break;
-  }
+  by_rows(M, [&](auto r) { rows<decltype(r)::value>(o, os, xp, xs, p, K2, num_blocks); });
 #endif
 }
 
@@ -224,16 +292,36 @@ void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Ten
   const uint8_t* np = nib.data_ptr<uint8_t>();
   const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
   const int64_t os = out.stride(0), xst = x.stride(0) / 2;
-  switch (M) {
-    case 1: rows_q4<1>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 2: rows_q4<2>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 3: rows_q4<3>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 4: rows_q4<4>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 5: rows_q4<5>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 6: rows_q4<6>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    case 7: rows_q4<7>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-    default: rows_q4<8>(o, os, xp, xst, xs, np, dp, K2, num_blocks); break;
-  }
+  by_rows(M, [&](auto r) { rows_q4<decltype(r)::value>(o, os, xp, xst, xs, np, dp, K2, num_blocks); });
+#endif
+}
+
+// out [M, N] = x [M, K] @ W^T, W in Q8_0 (q [N/16, K, 16] int8, d [N/16, K/32, 16] int16, as
+// gguf_blocks.pack_q8_0 gives them); M <= max_rows(); bf16 x and out, contiguous rows
+void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor d) {
+  TORCH_CHECK(supported(), "linear_q8: this build has no AVX-512 BF16");
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.dim() == 3 && q.size(2) == 16 &&
+                  d.scalar_type() == torch::kInt16 && d.is_contiguous() && d.numel() * 32 == q.numel(),
+              "linear_q8: q and d from gguf_blocks.pack_q8_0");
+  const int64_t M = x.size(0), K = q.size(1), num_blocks = q.size(0);
+  TORCH_CHECK(K % 32 == 0, "linear_q8: K a multiple of 32");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == K && x.stride(1) == 1,
+              "linear_q8: x [M, K] bf16, contiguous rows");
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == num_blocks * 16 && out.stride(1) == 1,
+              "linear_q8: out [M, N] bf16, contiguous rows");
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "linear_q8: 1 to ", kMaxRows, " rows");
+#if defined(__AVX512BF16__)
+  std::vector<float> xf(M * K);  // x widened: [M, K] float32
+  const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xf[m * K + k] = static_cast<float>(xb[m * x.stride(0) + k]);
+  auto* o = out.data_ptr<c10::BFloat16>();
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const auto* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<int16_t>());
+  const int64_t os = out.stride(0);
+  const float* xp = xf.data();
+  by_rows(M, [&](auto r) { rows_q8<decltype(r)::value>(o, os, xp, K, qp, dp, num_blocks); });
 #endif
 }
 
@@ -244,5 +332,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "out [M, N] = x [M, K] @ W^T for a few bf16 rows",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_q4", &linear_q4, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q4_1",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_q8", &linear_q8, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q8_0",
         py::call_guard<py::gil_scoped_release>());
 }

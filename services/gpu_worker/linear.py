@@ -16,7 +16,9 @@ projections 3-5x faster). That keeps a second copy of the weight in cpu_gemv's l
 Q4_1 blocks keeps those instead (services.gpu_worker.gguf_blocks: 0.625 bytes a weight), so
 a few-row step reads SmolLM2's layers from 66 MB instead of 212 MB, and multiplies by the
 GGUF's exact weights (the float32 model's) where oneDNN's many-row path uses their bf16
-roundings: a request's bf16 logits depend a little on how many rows its step has.
+roundings: a request's bf16 logits depend a little on how many rows its step has. The
+LM head, from GGUF Q8_0 blocks, reads those at one or two rows (BF16_Q8_MAX_ROWS; 30 MB a
+token instead of 57) and its bf16 pairs copy at three to eight.
 
 float32 keeps F.linear (MKL sgemm, no reorder) for many rows. Its few-row steps read the
 GGUF blocks where the CPU has AVX2, FMA and F16C (cpu_gemv_f32.cpp; float32 is the default
@@ -38,6 +40,10 @@ import torch.nn.functional as F
 from services.gpu_worker import cpu_extensions, gguf_blocks
 
 PACK_BATCH_HINT = 64
+# bf16 rows up to this take a weight's Q8_0 blocks, more its bf16 pairs copy. SmolLM2's LM
+# head on a Zen 4 (2 threads): 1 row 1.0-1.2 ms against 1.8-2.1, 2 rows 1.6-2.2 against
+# 2.2-2.6, 3 rows 2.8 against 2.0 (the int8 -> float widening costs compute per row).
+BF16_Q8_MAX_ROWS = 2
 
 
 def _env_on(name: str) -> bool:
@@ -85,7 +91,8 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, pack: bool = True, blocks: tuple[torch.Tensor, ...] | None = None) -> None:
         """blocks: the weight's GGUF blocks (services.gpu_worker.gguf_blocks: Q4_1 (q, d, m)
         or Q8_0 (q, d)), if it came from them: few-row products then read those instead of
-        a copy of the weight. cpu_gemv (bf16) takes Q4_1 only; cpu_gemv_f32 both."""
+        a copy of the weight. bf16 keeps its pairs copy too beside Q8_0 blocks, for the rows
+        past BF16_Q8_MAX_ROWS."""
         self.weight = weight  # the parameter itself: the unpacked path follows its updates
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
@@ -94,15 +101,18 @@ class PackedLinear:
         bf16 = self.packed is not None
         if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
             blocks = None
+        self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
+        self.max_q8_rows = 0
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
-        elif blocks is not None and not bf16:
+            return
+        if blocks is not None:
             self.gemv_q8 = gguf_blocks.pack_q8_0(*blocks)
-        elif self.gemv is not None and bf16:
+            self.max_q8_rows = min(BF16_Q8_MAX_ROWS, self.max_gemv_rows) if bf16 else self.max_gemv_rows
+        if self.gemv is not None and bf16:
             self.gemv_packed = self.gemv.pack(weight.detach())
-        else:
-            self.gemv = None  # float32 without blocks: F.linear throughout
-        self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
+        elif self.gemv_q8 is None:
+            self.gemv, self.max_gemv_rows = None, 0  # float32 without blocks: F.linear throughout
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
@@ -110,7 +120,7 @@ class PackedLinear:
             out = x.new_empty(x.shape[0], self.weight.shape[0])
             if self.gemv_q4 is not None:
                 self.gemv.linear_q4(out, x.contiguous(), *self.gemv_q4)
-            elif self.gemv_q8 is not None:
+            elif x.shape[0] <= self.max_q8_rows:
                 self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
                 self.gemv.linear(out, x.contiguous(), self.gemv_packed)

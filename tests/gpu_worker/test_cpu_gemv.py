@@ -1,4 +1,4 @@
-"""The few-row bf16 linears (cpu_gemv.cpp: bf16 weights, and GGUF Q4_1 blocks) against a
+"""The few-row bf16 linears (cpu_gemv.cpp: bf16 weights, GGUF Q4_1 and Q8_0 blocks) against a
 float32 reference, and PackedLinear's routing to them.
 
 Each product of two bf16 is exact in float32 and the kernel sums in float32, so its result
@@ -14,7 +14,7 @@ import torch
 from services.gpu_worker import cpu_extensions, gguf_blocks
 from services.gpu_worker.linear import PackedLinear
 from services.gpu_worker.model import build_model
-from tests.gpu_worker.gguf_factories import q4_1_blocks
+from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
 gemv = cpu_extensions.load("gemv")
 pytestmark = pytest.mark.skipif(gemv is None or not gemv.supported(),
@@ -96,9 +96,6 @@ def test_small_m_path_can_be_turned_off(monkeypatch):
 # ---- Q4_1 weights --------------------------------------------------------------------------
 
 
-
-
-
 @pytest.mark.parametrize("num_rows", range(1, 9))
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (80, 576), (960, 576), (48, 1536)])
 def test_linear_q4_equals_float32_reference_rounded(num_rows, out_features, in_features):
@@ -126,5 +123,67 @@ def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
     model = build_model("smollm2", dtype=BF16)
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    assert model.head.gemv_packed is not None  # the tied Q8_0 embedding: a bf16 copy
+    # the tied Q8_0 embedding: its blocks for 1-2 rows, a bf16 copy for 3-8
+    assert model.head.gemv_q8 is not None and model.head.gemv_packed is not None
+    assert model.head.max_q8_rows == 2
+
+
+# ---- Q8_0 weights --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_rows", range(1, 9))
+@pytest.mark.parametrize("out_features, in_features", [(16, 32), (80, 576), (960, 576), (48, 1536)])
+def test_linear_q8_equals_float32_reference_rounded(num_rows, out_features, in_features):
+    blocks = q8_0_blocks(out_features, in_features, seed=out_features)
+    x = _rand(num_rows, in_features, seed=num_rows)
+    out = torch.empty(num_rows, out_features, dtype=BF16)
+    gemv.linear_q8(out, x, *gguf_blocks.pack_q8_0(*blocks))
+    _assert_within_one_bf16_step(out, x, gguf_blocks.dequantize(*blocks))
+
+
+def test_linear_q8_reads_strided_rows_and_writes_strided_rows():
+    blocks = q8_0_blocks(32, 64, seed=2)
+    x = _rand(3, 80)[:, 8:72]  # rows 80 apart
+    out = torch.zeros(3, 48, dtype=BF16)
+    gemv.linear_q8(out[:, 8:40], x, *gguf_blocks.pack_q8_0(*blocks))
+    _assert_within_one_bf16_step(out[:, 8:40], x, gguf_blocks.dequantize(*blocks))
+    assert not out[:, :8].any() and not out[:, 40:].any()
+
+
+def test_linear_q8_refuses_bad_inputs():
+    q, d = gguf_blocks.pack_q8_0(*q8_0_blocks(32, 64))
+    with pytest.raises(RuntimeError, match="rows"):
+        gemv.linear_q8(torch.empty(9, 32, dtype=BF16), _rand(9, 64), q, d)
+    with pytest.raises(RuntimeError, match="x"):
+        gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 32), q, d)
+    with pytest.raises(RuntimeError, match="x"):
+        gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 64).float(), q, d)
+    with pytest.raises(RuntimeError, match="pack_q8_0"):
+        gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 64), q.view(torch.uint8), d)
+
+
+def test_packed_linear_takes_q8_blocks_for_two_rows_and_its_copy_for_more(monkeypatch):
+    blocks = q8_0_blocks(96, 64, seed=7)
+    exact = gguf_blocks.dequantize(*blocks)
+    linear = PackedLinear(exact.to(BF16), blocks=blocks)
+    assert linear.gemv_q8 is not None and linear.gemv_packed is not None and linear.max_q8_rows == 2
+    calls = []
+
+    class Spy:
+        def linear_q8(self, *a):
+            calls.append(("q8", a[1].shape[0]))
+            gemv.linear_q8(*a)
+
+        def linear(self, *a):
+            calls.append(("pairs", a[1].shape[0]))
+            gemv.linear(*a)
+
+    monkeypatch.setattr(linear, "gemv", Spy())
+    for num_rows in (1, 2, 3, 8, 9):
+        x = _rand(num_rows, 64, seed=num_rows)
+        # Q8_0 rows use the exact weights, the others their bf16 roundings
+        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 2 else exact.to(BF16))
+    assert calls == [("q8", 1), ("q8", 2), ("pairs", 3), ("pairs", 8)]
+    other = PackedLinear(exact.to(BF16) * 2, blocks=blocks)  # blocks of another weight: refused
+    assert other.gemv_q8 is None and other.max_q8_rows == 0 and other.gemv_packed is not None
 
