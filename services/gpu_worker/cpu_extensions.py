@@ -13,8 +13,11 @@
 Built with torch's cpp_extension (g++ and ninja, both installed with the project) into
 torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), once per
 machine: later processes load the cached build. Several processes starting at once take
-turns on an flock, which also clears the lock file torch leaves when a build is killed. -march=native: the build is for the machine that runs it (its
-AVX-512 and AVX2 paths compile only where the CPU has them; elsewhere portable loops).
+turns on an flock, which also clears the lock file torch leaves when a build is killed.
+torch rebuilds when a source or the compile line changes; the headers a source includes
+(HEADERS) are hashed onto its compile line so that editing one rebuilds too.
+-march=native: the build is for the machine that runs it (its AVX-512 and AVX2 paths
+compile only where the CPU has them; elsewhere portable loops).
 -ffast-math is on the compile line only (so exp loops use glibc's vector expf); the link
 line does not get it, so crtfastmath is not linked and the process keeps IEEE denormals
 (float32 results stay within an ulp of torch's, and greedy output matches HF transformers).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -39,6 +43,18 @@ HERE = Path(__file__).parent
 SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "attention" / "cpu_prefill.cpp",
            "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp",
            "gemv_f32": HERE / "cpu_gemv_f32.cpp"}
+# headers a source includes: torch rebuilds when a source or the compile line changes, not a
+# header, so their hash goes on the compile line
+HEADERS = {"decode": [HERE / "attention" / "cpu_decode_work.h", HERE / "attention" / "cpu_decode_simd.h"]}
+
+
+def compile_flags(name: str) -> list[str]:
+    flags = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+    headers = HEADERS.get(name, [])
+    if headers:
+        digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+        flags.append(f"-DPAGEDSERVE_HEADERS_HASH={digest}")
+    return flags
 
 
 @contextlib.contextmanager
@@ -73,7 +89,7 @@ def load(name: str):
             # drops it with its holder), no live process of ours is building: clear it.
             (build_dir / "lock").unlink(missing_ok=True)
             return cpp_extension.load(name=module_name, sources=[str(SOURCES[name])], build_directory=str(build_dir),
-                                      extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                                      extra_cflags=compile_flags(name),
                                       extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, a build error: serve on plain torch
         log.warning("CPU kernels %r unavailable (%s: %s); using plain torch ops", name, type(e).__name__, e)

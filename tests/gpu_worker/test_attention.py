@@ -219,6 +219,32 @@ def test_the_cpu_kernel_decodes_in_one_call_without_buckets(dtype):
     assert plan.kernel_decodes.seq_lens.tolist() == [40, 3] and len(plan.prefills) == 1
 
 
+@pytest.fixture
+def num_threads():
+    """Sets torch's thread count for the test (the decode kernel splits by it), then restores it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fewer_decodes_than_threads_are_sliced_and_merged_like_one_pass(num_threads, threads, dtype):
+    # SmolLM2's shape. With fewer decodes than threads each one of at least 8 blocks is cut
+    # into up to one slice per thread (4 blocks at least each), merged after: 127 tokens (8
+    # blocks: 2 slices), 128, 300 (19 blocks: 3 slices of 6, 6, 7 on 3 threads), 1000; and 64
+    # (4 blocks: whole)
+    num_threads(threads)
+    for seq_len in (64, 127, 128, 300, 1000):
+        step = make_step([(1, seq_len)], block_size=16, num_heads=9, num_kv_heads=3, head_dim=64, dtype=dtype,
+                         seed=seq_len)
+        check_against_reference(TorchPagedBackend(use_kernel=True), *step)
+    if threads == 3:  # two decodes on three threads: both sliced, beside a prefill
+        step = make_step([(1, 300), (9, 9), (1, 140)], block_size=16, num_heads=9, num_kv_heads=3, head_dim=64,
+                         dtype=dtype, seed=5)
+        check_against_reference(TorchPagedBackend(use_kernel=True), *step)
+
+
 def test_get_backend_by_name():
     for name in ("torch", "reference", "triton"):
         assert get_backend(name).name == name

@@ -29,3 +29,26 @@ def test_switched_off_by_the_environment():
     done = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PAGEDSERVE_CPU_KERNELS": "0"})
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_header_change_changes_the_compile_line(tmp_path, monkeypatch):
+    # torch rebuilds an extension when its source or compile line changes, never for a header
+    header = tmp_path / "work.h"
+    header.write_text("// one\n")
+    monkeypatch.setitem(cpu_extensions.HEADERS, "decode", [header])
+    before = cpu_extensions.compile_flags("decode")
+    header.write_text("// two\n")
+    after = cpu_extensions.compile_flags("decode")
+    assert before[:4] == after[:4] == ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+    assert before[4].startswith("-DPAGEDSERVE_HEADERS_HASH=") and before[4] != after[4]
+    assert cpu_extensions.compile_flags("fused") == before[:4]  # no headers: no hash
+
+
+def test_every_header_a_source_includes_is_hashed():
+    for name, source in cpu_extensions.SOURCES.items():
+        included = {line.split('"')[1] for line in source.read_text().splitlines() if line.startswith('#include "')}
+        listed = {h.name for h in cpu_extensions.HEADERS.get(name, [])}
+        assert included <= listed, name
+        for header in cpu_extensions.HEADERS.get(name, []):  # and what they include in turn
+            nested = {line.split('"')[1] for line in header.read_text().splitlines() if line.startswith('#include "')}
+            assert nested <= listed, header.name

@@ -15,8 +15,8 @@
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
 // the output rounded to nearest-even once at the end. The AVX-512 paths hand requests out
-// longest first, one at a time (RequestQueue); each writes only its own rows of out, so
-// threads share nothing but the queue's counter.
+// longest first, one at a time (WorkQueue); each writes only its own rows of out (or its
+// slice's partials), so threads share nothing but the queue's counter.
 // Memory, not arithmetic, bounds a decode step: a layer's KV (13.8 MB for 128 requests of
 // 144 tokens) is out of cache by the time the layer comes round again, and a request's blocks
 // lie anywhere in the pool. The bf16 path therefore prefetches (into L2) the block two ahead,
@@ -28,220 +28,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-#include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <numeric>
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
+#include "cpu_decode_work.h"
+#include "cpu_decode_simd.h"
 
 namespace {
-
-constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
-
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-template <typename T>
-inline T narrow(float x) { return static_cast<T>(x); }  // BFloat16: round to nearest even
-
-// The requests of a step, longest context first, taken one at a time by whichever thread is
-// free. A static split by count (at::parallel_for) left one thread with the long requests of a
-// mixed batch, and on cores shared with the other services a thread that lost its core for a
-// while held up half the batch behind it; here it holds up only the request it has.
-class RequestQueue {
- public:
-  RequestQueue(const int32_t* lens, int64_t num_reqs) : order_(num_reqs) {
-    std::iota(order_.begin(), order_.end(), int64_t{0});
-    std::stable_sort(order_.begin(), order_.end(), [lens](int64_t a, int64_t b) { return lens[a] > lens[b]; });
-  }
-  // the next request to compute, or -1 once all are taken
-  int64_t next() {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    return i < static_cast<int64_t>(order_.size()) ? order_[i] : -1;
-  }
-
- private:
-  std::vector<int64_t> order_;
-  std::atomic<int64_t> next_{0};
-};
-
-// Runs body() once on each of at::get_num_threads() threads; body drains a RequestQueue.
-template <typename F>
-inline void on_every_thread(const F& body) {
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) { body(); });
-}
-
-// One block of the online softmax for one head: scores p[0, n) become exp(p - m') where
-// m' = max(m, max p); m and l (the running sum of exp) are updated to m'; returns the factor
-// exp(m - m') by which the head's accumulated output must be rescaled.
-inline float softmax_block(float* p, int64_t n, float& m, float& l) {
-  float block_max = kNoScore;
-  for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, p[t]);
-  const float new_m = std::max(m, block_max);
-  const float correction = std::exp(m - new_m);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t t = 0; t < n; ++t) {
-    p[t] = std::exp(p[t] - new_m);
-    sum += p[t];
-  }
-  m = new_m;
-  l = l * correction + sum;
-  return correction;
-}
-
-#if defined(__AVX512F__)
-// 16 float lanes (AVX-512): what decode_simd needs of a vector type
-struct Vec16 {
-  using T = __m512;
-  static constexpr int kLanes = 16;
-  static T load(const float* p) { return _mm512_loadu_ps(p); }
-  static T load(const c10::BFloat16* p) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  }
-  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-  static T set1(float x) { return _mm512_set1_ps(x); }
-  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
-  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-  static float sum(T v) { return _mm512_reduce_add_ps(v); }
-};
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__)
-#define PAGEDSERVE_DECODE_SIMD 1
-// 8 float lanes (AVX2 + FMA): the same walk on CPUs without AVX-512. 128 requests of 290
-// tokens, scattered blocks, float32, a 2-core Zen 3: 10.3 ms a layer with the portable loop,
-// 4.2 with this one.
-struct Vec8 {
-  using T = __m256;
-  static constexpr int kLanes = 8;
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static T load(const c10::BFloat16* p) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-  }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T set1(float x) { return _mm256_set1_ps(x); }
-  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
-  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(T v) {
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-  }
-};
-#endif
-
-#if defined(PAGEDSERVE_DECODE_SIMD)
-// The same walk with vector intrinsics (V: Vec16 or Vec8), D = V::kLanes * DV: K/V rows
-// widened a vector at a time, a score is DV fused multiply-adds and one horizontal add, and
-// the PV update is DV broadcast-FMAs per head with the accumulators in L1. (What the
-// portable loop compiles to was measured 2-3x slower: the bf16 widening and the short
-// reductions do not vectorise.)
-// DV vectors per row, G query heads per KV head, both compile-time so that a group's query
-// rows and output accumulators (G * DV vectors each) stay in registers for a block (with 16
-// lanes; with 8 some spill to L1).
-template <typename V, typename scalar_t, int DV, int G>
-void decode_simd(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const scalar_t* v_pool,
-                 const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
-                 int64_t q_stride, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
-  constexpr int64_t D = V::kLanes * DV;
-  const int64_t H = Hkv * G;
-  const int64_t token_stride = Hkv * D;
-  const int64_t block_elems = BS * token_stride;  // one block's K (or V): BS * Hkv * D contiguous
-  // One work item per request: its blocks in order, each block's K and V fetched once (the
-  // next block is prefetched while this one is computed: a request's blocks lie anywhere in
-  // the pool, which the hardware prefetcher cannot guess), then per KV head the group's
-  // scores, the online-softmax update and the PV sum with the accumulators in registers.
-  RequestQueue queue(lens, num_reqs);
-  on_every_thread([&] {
-    // qf [H, D] scaled query rows; acc [H, D]; p [G, BS] one group's scores, then weights
-    std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H);
-    for (int64_t r; (r = queue.next()) >= 0;) {
-      const scalar_t* q_rows = q + rows[r] * q_stride;
-      for (int64_t i = 0; i < H * D; ++i) qf[i] = widen(q_rows[i]) * scale;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kNoScore);
-      std::fill(l.begin(), l.end(), 0.f);
-      const int64_t len = lens[r];
-      const int32_t* table = tables + r * max_blocks;
-      for (int64_t b = 0; b * BS < len; ++b) {
-        const int64_t num_tokens = std::min(BS, len - b * BS);
-        const scalar_t* k_block = k_pool + table[b] * block_elems;
-        const scalar_t* v_block = v_pool + table[b] * block_elems;
-        if ((b + 1) * BS < len) {
-          const char* k_next = reinterpret_cast<const char*>(k_pool + table[b + 1] * block_elems);
-          const char* v_next = reinterpret_cast<const char*>(v_pool + table[b + 1] * block_elems);
-          for (int64_t off = 0; off < block_elems * int64_t(sizeof(scalar_t)); off += 64) {
-            _mm_prefetch(k_next + off, _MM_HINT_T0);
-            _mm_prefetch(v_next + off, _MM_HINT_T0);
-          }
-        }
-        for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
-          const int64_t h0 = kv_head * G;  // the group's first query head
-          // GB heads of the group at a time: all G with 16 lanes (their rows fit in the
-          // registers), one with 8 (then the block's K/V rows come from L1 again per head)
-          constexpr int GB = V::kLanes == 16 ? G : 1;
-          for (int g0 = 0; g0 < G; g0 += GB) {
-            typename V::T qv[GB][DV];
-            for (int g = 0; g < GB; ++g)
-              for (int i = 0; i < DV; ++i) qv[g][i] = V::load(qf.data() + (h0 + g0 + g) * D + V::kLanes * i);
-            for (int64_t t = 0; t < num_tokens; ++t) {
-              const scalar_t* k_row = k_block + t * token_stride + kv_head * D;
-              typename V::T kt[DV];
-              for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
-              for (int g = 0; g < GB; ++g) {
-                typename V::T s = V::mul(qv[g][0], kt[0]);
-                for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
-                p[(g0 + g) * BS + t] = V::sum(s);
-              }
-            }
-          }
-          float correction[G];
-          for (int g = 0; g < G; ++g)
-            correction[g] = softmax_block(p.data() + g * BS, num_tokens, m[h0 + g], l[h0 + g]);
-          for (int g0 = 0; g0 < G; g0 += GB) {
-            typename V::T a[GB][DV];
-            for (int g = 0; g < GB; ++g) {
-              const typename V::T c = V::set1(correction[g0 + g]);
-              float* acc_g = acc.data() + (h0 + g0 + g) * D;
-              for (int i = 0; i < DV; ++i) a[g][i] = V::mul(c, V::load(acc_g + V::kLanes * i));
-            }
-            for (int64_t t = 0; t < num_tokens; ++t) {
-              const scalar_t* v_row = v_block + t * token_stride + kv_head * D;
-              typename V::T vt[DV];
-              for (int i = 0; i < DV; ++i) vt[i] = V::load(v_row + V::kLanes * i);
-              for (int g = 0; g < GB; ++g) {
-                const typename V::T w = V::set1(p[(g0 + g) * BS + t]);
-                for (int i = 0; i < DV; ++i) a[g][i] = V::fmadd(w, vt[i], a[g][i]);
-              }
-            }
-            for (int g = 0; g < GB; ++g)
-              for (int i = 0; i < DV; ++i) V::store(acc.data() + (h0 + g0 + g) * D + V::kLanes * i, a[g][i]);
-          }
-        }
-      }
-      scalar_t* out_rows = o + rows[r] * H * D;
-      for (int64_t j = 0; j < H; ++j) {
-        const float inv = len > 0 ? 1.f / l[j] : 0.f;
-        for (int64_t d = 0; d < D; ++d) out_rows[j * D + d] = narrow<scalar_t>(acc[j * D + d] * inv);
-      }
-    }
-  });
-}
 
 #if defined(__AVX512BF16__)
 // The 16 horizontal sums of v[0..15], as one vector (lane j = sum of v[j]): a transpose-add
@@ -275,13 +65,15 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
   const int64_t H = Hkv * G;
   const int64_t token_stride = Hkv * D;
   const int64_t block_elems = BS * token_stride;
-  RequestQueue queue(lens, num_reqs);
+  WorkQueue queue(lens, num_reqs, BS);
+  Partials partials(queue.num_parts(), H, D);
   on_every_thread([&] {
     // acc [H, D] in parity order: per 32-element word w, 16 even then 16 odd elements
     std::vector<float> acc(H * D), p(G * BS), m(H), l(H);
     const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     const __m512 no_score = _mm512_set1_ps(kNoScore);
-    for (int64_t r; (r = queue.next()) >= 0;) {
+    for (WorkItem item; queue.next(item);) {
+      const int64_t r = item.r;
       const c10::BFloat16* q_rows = q + rows[r] * q_stride;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), kNoScore);
@@ -289,16 +81,16 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
       const int64_t len = lens[r];
       const int32_t* table = tables + r * max_blocks;
       constexpr int64_t PF = 2;
-      for (int64_t b = 0; b < PF - 1 && b * BS < len; ++b)
+      for (int64_t b = item.begin; b < std::min(item.begin + PF - 1, item.end); ++b)
         for (int64_t off = 0; off < block_elems * 2; off += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(k_pool + table[b] * block_elems) + off, _MM_HINT_T1);
           _mm_prefetch(reinterpret_cast<const char*>(v_pool + table[b] * block_elems) + off, _MM_HINT_T1);
         }
-      for (int64_t b = 0; b * BS < len; ++b) {
+      for (int64_t b = item.begin; b < item.end; ++b) {
         const int64_t num_tokens = std::min(BS, len - b * BS);
         const c10::BFloat16* k_block = k_pool + table[b] * block_elems;
         const c10::BFloat16* v_block = v_pool + table[b] * block_elems;
-        const bool pf = (b + PF) * BS < len;
+        const bool pf = b + PF < item.end;
         const char* k_next = pf ? reinterpret_cast<const char*>(k_pool + table[b + PF] * block_elems) : nullptr;
         const char* v_next = pf ? reinterpret_cast<const char*>(v_pool + table[b + PF] * block_elems) : nullptr;
         const int64_t block_bytes = block_elems * 2;
@@ -356,6 +148,17 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
             for (int i = 0; i < 2 * DW; ++i) _mm512_storeu_ps(acc.data() + (h0 + g) * D + 16 * i, a[g][i]);
         }
       }
+      if (item.part >= 0) {  // the slice's acc in natural order
+        float* part_acc = partials.acc(item.part);
+        for (int64_t j = 0; j < H; ++j)
+          for (int64_t w = 0; w < DW; ++w)
+            for (int64_t i = 0; i < 16; ++i) {
+              part_acc[j * D + 32 * w + 2 * i] = acc[j * D + 32 * w + i];
+              part_acc[j * D + 32 * w + 2 * i + 1] = acc[j * D + 32 * w + 16 + i];
+            }
+        partials.store_ml(item.part, m, l);
+        continue;
+      }
       c10::BFloat16* out_rows = o + rows[r] * H * D;
       for (int64_t j = 0; j < H; ++j) {
         const float inv = len > 0 ? 1.f / l[j] : 0.f;
@@ -368,6 +171,7 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
       }
     }
   });
+  partials.merge(queue, o, rows);
 }
 
 using DecodeBf16Fn = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
@@ -393,40 +197,6 @@ inline DecodeBf16Fn pick_avx512_bf16(int64_t D, int64_t G, int64_t BS) {
   if (BS % 16 != 0) return nullptr;
   if (D == 64) return pick_bf16_group<2>(G);
   if (D == 128) return pick_bf16_group<4>(G);
-  return nullptr;
-}
-#endif
-
-// The vector instance for (D, G), or nullptr where none is compiled (then the portable loop).
-template <typename scalar_t>
-using DecodeFn = void (*)(scalar_t*, const scalar_t*, const scalar_t*, const scalar_t*, const int32_t*,
-                          const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float);
-
-template <typename V, typename scalar_t, int DV>
-DecodeFn<scalar_t> pick_group(int64_t G) {
-  switch (G) {
-    case 1: return decode_simd<V, scalar_t, DV, 1>;
-    case 2: return decode_simd<V, scalar_t, DV, 2>;
-    case 3: return decode_simd<V, scalar_t, DV, 3>;
-    case 4: return decode_simd<V, scalar_t, DV, 4>;
-    case 5: return decode_simd<V, scalar_t, DV, 5>;
-    case 6: return decode_simd<V, scalar_t, DV, 6>;
-    case 7: return decode_simd<V, scalar_t, DV, 7>;
-    case 8: return decode_simd<V, scalar_t, DV, 8>;
-    default: return nullptr;
-  }
-}
-
-template <typename scalar_t>
-DecodeFn<scalar_t> pick_simd(int64_t D, int64_t G) {
-#if defined(__AVX512F__)
-  using V = Vec16;
-#else
-  using V = Vec8;
-#endif
-  if (D == 4 * V::kLanes) return pick_group<V, scalar_t, 4>(G);
-  if (D == 8 * V::kLanes) return pick_group<V, scalar_t, 8>(G);
-  if (D == 16 * V::kLanes) return pick_group<V, scalar_t, 16>(G);
   return nullptr;
 }
 #endif
