@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import logging
-import os
 import sys
 
 from shared import redis_io
@@ -17,15 +16,6 @@ from shared.config import ConfigError, EngineConfig
 from shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
-
-# How long an OpenMP thread of torch's (libgomp) spins at a barrier before it sleeps; libgomp
-# reads it once, when torch loads it. Its default, 300k rounds, is about 5 ms on a Zen 4: in
-# the stack, when another service takes one of the two cores for a moment, the worker's other
-# thread burned its core waiting instead of leaving it to that service. 10k (~0.2 ms) still
-# spans the gaps between the kernels of a step. decode-heavy-128 through the stack on a 2-core
-# Zen 4: 711-771 (median 740) -> 741-777 (median 766) output tok/s over 4-7 runs each, the
-# worker's CPU 85-92 -> 76-85 core-seconds. An explicit GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
-GOMP_SPINCOUNT = "10000"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +41,6 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
                         num_blocks=args.num_blocks, max_model_len=args.max_model_len, seed=args.seed)
 
 
-def _omp_defaults() -> None:
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
-
-
 def _load_worker(config: EngineConfig):
     import torch
 
@@ -78,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     # step. OpenMP gives each thread that calls into torch its own team of worker threads; a
     # second team (the asyncio thread's, say) spins and sleeps against the first on the same
     # cores: a decode step measured 65 ms with one team and 86-95 ms once a second existed.
-    _omp_defaults()  # before torch loads
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
         worker = compute.submit(_load_worker, config).result()
