@@ -45,7 +45,8 @@ SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "a
            "gemv_f32": HERE / "cpu_gemv_f32.cpp"}
 # headers a source includes: torch rebuilds when a source or the compile line changes, not a
 # header, so their hash goes on the compile line
-HEADERS = {"decode": [HERE / "attention" / "cpu_decode_work.h", HERE / "attention" / "cpu_decode_simd.h"]}
+HEADERS = {"decode": [HERE / "attention" / "cpu_decode_work.h", HERE / "attention" / "cpu_decode_simd.h"],
+           "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
 
 
 def compile_flags(name: str) -> list[str]:

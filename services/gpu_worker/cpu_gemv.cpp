@@ -13,6 +13,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_tiling.h"
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -26,21 +28,6 @@ namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows per call; more go to oneDNN
 constexpr int64_t kTile = 4;     // 16-output blocks per task step: independent dependency chains
-
-// f(std::integral_constant<int, M>) for M in 1..kMaxRows: the row count as a template argument
-template <typename F>
-void by_rows(int64_t M, F&& f) {
-  switch (M) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
-}
 
 #if defined(__AVX512BF16__)
 // out[m, 16*b0 .. 16*(b0+NB)) for NB consecutive 16-output blocks and M rows
@@ -141,23 +128,18 @@ inline void tile_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, i
                           (__m256i)_mm512_cvtneps_pbh(acc[m][b]));
 }
 
+// 2 * M * NB accumulators <= 16 registers
+template <int M>
+constexpr int kBlocksPerTile = M <= 2 ? 4 : (M <= 4 ? 2 : 1);
+
 template <int M>
 void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride, const float* xsum,
              const uint8_t* nib, const uint16_t* dm, int64_t K2, int64_t num_blocks) {
-  constexpr int64_t NB = M <= 2 ? 4 : (M <= 4 ? 2 : 1);  // 2 * M * NB accumulators <= 16 registers
-  const int64_t num_groups = K2 / 16, num_tiles = (num_blocks + NB - 1) / NB;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K2 * NB));
-  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b0 = t * NB;
-      if (num_blocks - b0 >= NB) {
-        tile_q4<M, NB>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b0);
-      } else {
-        for (int64_t b = b0; b < num_blocks; ++b)
-          tile_q4<M, 1>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b);
-      }
-    }
-  });
+  constexpr int NB = kBlocksPerTile<M>;
+  const int64_t num_groups = K2 / 16;
+  over_tiles<NB>(num_blocks, K2,
+      [&](int64_t b0) { tile_q4<M, NB>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b0); },
+      [&](int64_t b) { tile_q4<M, 1>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b); });
 }
 
 // ---- Q8_0 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k], q in -128..127 ----------------
@@ -205,19 +187,10 @@ inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int6
 template <int M>
 void rows_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
              const uint16_t* ds, int64_t num_blocks) {
-  constexpr int64_t NB = M <= 2 ? 4 : (M <= 4 ? 2 : 1);  // 2 * M * NB accumulators <= 16 registers
-  const int64_t num_tiles = (num_blocks + NB - 1) / NB;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K * NB));
-  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b0 = t * NB;
-      if (num_blocks - b0 >= NB) {
-        tile_q8<M, NB>(out, out_stride, x, K, qs, ds, b0);
-      } else {
-        for (int64_t b = b0; b < num_blocks; ++b) tile_q8<M, 1>(out, out_stride, x, K, qs, ds, b);
-      }
-    }
-  });
+  constexpr int NB = kBlocksPerTile<M>;
+  over_tiles<NB>(num_blocks, K,
+      [&](int64_t b0) { tile_q8<M, NB>(out, out_stride, x, K, qs, ds, b0); },
+      [&](int64_t b) { tile_q8<M, 1>(out, out_stride, x, K, qs, ds, b); });
 }
 #endif
 

@@ -11,6 +11,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_tiling.h"
+
 #include <cstdint>
 #include <type_traits>
 
@@ -28,39 +30,6 @@ constexpr bool supported_f32_build = false;
 #endif
 
 constexpr int64_t kMaxRows = 8;  // rows per call; more go to MKL
-
-// f(std::integral_constant<int, M>) for M in 1..kMaxRows: the row count as a template argument
-template <typename F>
-void by_rows(int64_t M, F&& f) {
-  switch (M) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
-}
-
-// tiles of NB 16-output blocks over [0, num_blocks), spread over the threads; a task streams
-// at least ~4 KiB per k-row of weight so a small projection stays on one thread
-template <int NB, typename Tile, typename Tail>
-void over_blocks(int64_t num_blocks, int64_t bytes_per_block, Tile&& tile, Tail&& tail) {
-  const int64_t num_tiles = (num_blocks + NB - 1) / NB;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, bytes_per_block * NB));
-  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b0 = t * NB;
-      if (num_blocks - b0 >= NB) {
-        tile(b0);
-      } else {
-        for (int64_t b = b0; b < num_blocks; ++b) tail(b);
-      }
-    }
-  });
-}
 
 #if defined(PAGEDSERVE_GEMV_F32)
 // ---- Q4_1: w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32], q in 0..15 -----------------------
@@ -206,7 +175,7 @@ void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Ten
   by_rows(M, [&](auto r) {
     constexpr int R = decltype(r)::value;
     constexpr int NB = R == 1 ? 2 : 1;
-    over_blocks<NB>(num_blocks, K2,
+    over_tiles<NB>(num_blocks, K2,
         [&](int64_t b0) { tile_q4_f32<R, NB>(o, os, xf, xst, xsum, num_groups, np, dp, K2, b0); },
         [&](int64_t b) { tile_q4_f32<R, 1>(o, os, xf, xst, xsum, num_groups, np, dp, K2, b); });
   });
@@ -230,7 +199,7 @@ void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tenso
   by_rows(M, [&](auto r) {
     constexpr int R = decltype(r)::value;
     constexpr int NB = R == 1 ? 2 : 1;
-    over_blocks<NB>(num_blocks, K,
+    over_tiles<NB>(num_blocks, K,
         [&](int64_t b0) { tile_q8<R, NB>(o, os, xf, xst, num_groups, qp, dp, K, b0); },
         [&](int64_t b) { tile_q8<R, 1>(o, os, xf, xst, num_groups, qp, dp, K, b); });
   });
