@@ -69,8 +69,27 @@ def _is_dataclass_type(hint: Any) -> bool:
     return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _is_plain(hint: Any) -> bool:
+    """True for a hint whose values msgpack writes and reads back unchanged (no tuple
+    inside, no dataclass, no packed ids): _to_wire and _from_wire would only copy them."""
+    if hint in _PLAIN or hint is dict:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_plain(a) for a in args)
+    if origin is list:
+        return bool(args) and args[0] in _PLAIN
+    if origin is dict:
+        return all(_is_plain(a) for a in args)
+    return False
+
+
 # Per dataclass, once: (field name, kind, inner type) with kind one of
-#   "ints" list[int], "dc" a dataclass, "dcs" a list of dataclasses, "any" the rest
+#   "ints" list[int], "dc" a dataclass, "dcs" a list of dataclasses, "plain" a value msgpack
+#   carries as it is (str, int, float, bool, lists of those, dicts), "any" the rest (tuples)
 # (None passes through every kind). Walking this plan instead of re-reading the type hints
 # for every field of every message made a 64-request DeltaBatch 3-4x cheaper to pack/unpack.
 @functools.cache
@@ -86,6 +105,8 @@ def _plan(cls: type) -> tuple[tuple[str, str, Any], ...]:
             plan.append((f.name, "dc", hint))
         elif typing.get_origin(hint) is list and args and _is_dataclass_type(args[0]):
             plan.append((f.name, "dcs", args[0]))
+        elif _is_plain(hints[f.name]):
+            plan.append((f.name, "plain", None))
         else:
             plan.append((f.name, "any", hints[f.name]))
     return tuple(plan)
@@ -104,26 +125,29 @@ def _decode(value: Any, cls: type) -> Any:
 # Each dataclass gets one encoder and one decoder function, generated once from its plan
 # (as dataclasses generates __init__): a 128-entry StepPlan or DeltaBatch is 128 calls of a
 # straight-line function instead of 128 walks over the plan's fields. Same wire form.
+# The encoder copies the instance's __dict__ and converts only the fields that need it; the
+# decoder, for a map with exactly this version's fields (every message between services of
+# one release), converts those fields in place and makes that map the instance's __dict__,
+# skipping __init__: 2-3x cheaper than building keyword arguments for __init__.
 @functools.cache
 def _encoder(cls: type):
     env: dict[str, Any] = {"_pack_ints": _pack_ints, "_to_wire": _to_wire, "_INT_LIST": _INT_LIST,
                            "_SIMPLE": (str, int, float, bool)}
-    items = []
+    lines = ["def encode(value):", "    d = value.__dict__.copy()"]
     for i, (name, kind, inner) in enumerate(_plan(cls)):
-        x = f"value.{name}"
+        get = f"(x := d[{name!r}])"
         if kind == "ints":
-            expr = f"(_pack_ints(x) if type(x := {x}) is list else None if x is None else _to_wire(x, _INT_LIST))"
-        elif kind == "dc":
-            env[f"enc{i}"] = lambda v, inner=inner: _encoder(inner)(v)
-            expr = f"(None if (x := {x}) is None else enc{i}(x))"
-        elif kind == "dcs":
-            env[f"enc{i}"] = lambda v, inner=inner: _encoder(inner)(v)
-            expr = f"(None if (x := {x}) is None else [enc{i}(e) for e in x])"
-        else:
+            lines.append(f"    if type({get}) is list: d[{name!r}] = _pack_ints(x)")
+            lines.append(f"    elif x is not None: d[{name!r}] = _to_wire(x, _INT_LIST)")
+        elif kind in ("dc", "dcs"):
+            env[f"enc{i}"] = _encoder(inner)  # message types are not recursive
+            conv = f"enc{i}(x)" if kind == "dc" else f"[enc{i}(e) for e in x]"
+            lines.append(f"    if {get} is not None: d[{name!r}] = {conv}")
+        elif kind == "any":
             env[f"hint{i}"] = inner
-            expr = f"(x if (x := {x}) is None or isinstance(x, _SIMPLE) else _to_wire(x, hint{i}))"
-        items.append(f"{name!r}: {expr}")
-    return _compile(f"def encode(value):\n    return {{{', '.join(items)}}}\n", env, "encode")
+            lines.append(f"    if not ({get} is None or isinstance(x, _SIMPLE)): d[{name!r}] = _to_wire(x, hint{i})")
+    lines.append("    return d")
+    return _compile("\n".join(lines) + "\n", env, "encode")
 
 
 @functools.cache
@@ -131,28 +155,44 @@ def _decoder(cls: type):
     """value (a map, checked by the caller) -> cls; fields missing from it keep their
     dataclass default (a required one missing is a CodecError), fields not in the plan are
     skipped: a newer writer may add fields."""
+    plan = _plan(cls)
     env: dict[str, Any] = {"cls": cls, "_unpack_ints": _unpack_ints, "_from_wire": _from_wire,
                            "_decode": _decode, "_INT_LIST": _INT_LIST, "_SIMPLE": (str, int, float, bool),
-                           "CodecError": CodecError, "MISSING": _MISSING}
-    lines = ["def decode(value):", "    kwargs = {}"]
-    for i, (name, kind, inner) in enumerate(_plan(cls)):
+                           "CodecError": CodecError, "MISSING": _MISSING, "FIELDS": frozenset(n for n, _, _ in plan),
+                           "new": object.__new__}
+    fast = ["    if value.keys() == FIELDS:"]
+    general = ["    kwargs = {}"]
+    for i, (name, kind, inner) in enumerate(plan):
         env[f"inner{i}"] = inner
-        if kind == "ints":
+        if kind == "dcs":
+            env[f"dec{i}"] = _decoder(inner)
+            fast.append(f"        if (x := value[{name!r}]) is not None:")
+            fast.append("            if type(x) is not list:")
+            fast.append(f"                raise CodecError('{cls.__name__}.{name}: expected a list, got ' + type(x).__name__)")
+            fast.append(f"            value[{name!r}] = [dec{i}(e) if type(e) is dict else _decode(e, inner{i}) for e in x]")
+            general.append(f"    if (x := value.get({name!r}, MISSING)) is not None and x is not MISSING "
+                           f"and not isinstance(x, list):")
+            general.append(f"        raise CodecError('{cls.__name__}.{name}: expected a list, got ' + type(x).__name__)")
+            conv = f"[_decode(e, inner{i}) for e in x]"
+        elif kind == "ints":
+            fast.append(f"        if type(x := value[{name!r}]) is bytes: value[{name!r}] = _unpack_ints(x)")
+            fast.append(f"        elif x is not None: value[{name!r}] = _from_wire(x, _INT_LIST)")
             conv = "_unpack_ints(x) if type(x) is bytes else _from_wire(x, _INT_LIST)"
         elif kind == "dc":
+            fast.append(f"        if (x := value[{name!r}]) is not None: value[{name!r}] = _decode(x, inner{i})")
             conv = f"_decode(x, inner{i})"
-        elif kind == "dcs":
-            lines.append(f"    if (x := value.get({name!r}, MISSING)) is not None and x is not MISSING "
-                         f"and not isinstance(x, list):")
-            lines.append(f"        raise CodecError('{cls.__name__}.{name}: expected a list, got ' + type(x).__name__)")
-            conv = f"[_decode(e, inner{i}) for e in x]"
+        elif kind == "plain":
+            conv = "x"
         else:
+            fast.append(f"        if not ((x := value[{name!r}]) is None or isinstance(x, _SIMPLE)):")
+            fast.append(f"            value[{name!r}] = _from_wire(x, inner{i})")
             conv = f"x if isinstance(x, _SIMPLE) else _from_wire(x, inner{i})"
-        lines.append(f"    if (x := value.get({name!r}, MISSING)) is not MISSING:")
-        lines.append(f"        kwargs[{name!r}] = None if x is None else {conv}")
-    lines += ["    try:", "        return cls(**kwargs)", "    except TypeError as e:",
-              f"        raise CodecError('{cls.__name__}: ' + str(e)) from e"]
-    return _compile("\n".join(lines) + "\n", env, "decode")
+        general.append(f"    if (x := value.get({name!r}, MISSING)) is not MISSING:")
+        general.append(f"        kwargs[{name!r}] = None if x is None else {conv}")
+    fast += ["        obj = new(cls)", "        obj.__dict__ = value", "        return obj"]
+    general += ["    try:", "        return cls(**kwargs)", "    except TypeError as e:",
+                f"        raise CodecError('{cls.__name__}: ' + str(e)) from e"]
+    return _compile("\n".join(["def decode(value):", *fast, *general]) + "\n", env, "decode")
 
 
 _MISSING = object()

@@ -86,3 +86,32 @@ def test_bad_data_is_a_codec_error(data, reason):
 def test_the_expected_type_is_checked():
     with pytest.raises(codec.CodecError, match="expected StepPlan, got StepResult"):
         codec.unpack(codec.pack(StepResult(1)), StepPlan)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_a_map_with_extra_fields_decodes_as_the_exact_one(message):
+    """Both ways a map decodes: exactly this version's fields (the instance takes the map as
+    its __dict__) and any other set of fields (through __init__) give the same message."""
+    envelope = msgpack.unpackb(codec.pack(message), raw=False)
+    envelope["d"]["from_the_future"] = [1, 2]
+    decoded = codec.unpack(msgpack.packb(envelope, use_bin_type=True))
+    assert decoded == message and vars(decoded) == vars(message)
+
+
+def test_the_exact_field_map_is_still_checked():
+    fields = {"request_id": "b", "num_computed_tokens": 4, "num_scheduled_tokens": 1}
+    bad_ids = {"v": VERSION, "t": "CachedRequestData", "d": {**fields, "new_block_ids": b"\x01\x02\x03"}}
+    with pytest.raises(codec.CodecError, match="multiple of 4"):
+        codec.unpack(msgpack.packb(bad_ids))
+    bad_list = {"v": VERSION, "t": "StepResult", "d": {"step_id": 1, "sampled": 5}}
+    with pytest.raises(codec.CodecError, match="expected a list"):
+        codec.unpack(msgpack.packb(bad_list))
+    bad_entry = {"v": VERSION, "t": "DeltaBatch", "d": {"step_id": 1, "deltas": ["x"]}}
+    with pytest.raises(codec.CodecError, match="expected a map"):
+        codec.unpack(msgpack.packb(bad_entry))
+
+
+def test_tuples_come_back_as_tuples_and_plain_lists_as_lists():
+    plan = codec.unpack(codec.pack(StepPlan(3, [], [], ["x", "y"], [(1, 2)])))
+    assert plan.block_copies == [(1, 2)] and type(plan.block_copies[0]) is tuple
+    assert plan.finished_request_ids == ["x", "y"]
