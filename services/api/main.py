@@ -91,7 +91,7 @@ def _is_smollm2(path: str) -> bool:
 
 
 def _context_length(path: str) -> int:
-    from services.gpu_worker.model_config import ModelConfig
+    from services.gpu_worker.model.config import ModelConfig
 
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
         with open(os.path.join(path, "config.json")) as f:

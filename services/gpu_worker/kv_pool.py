@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from services.gpu_worker.host_memory import huge_pages_zeros
-from services.gpu_worker.model_config import ModelConfig
+from services.gpu_worker.model.config import ModelConfig
 from shared.config import EngineConfig, parse_size
 
 

@@ -19,8 +19,8 @@ from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.device import resolve_device, resolve_dtype
 from services.gpu_worker.host_memory import keep_freed_memory
 from services.gpu_worker.kv_pool import KVPool, num_blocks_for
-from services.gpu_worker.model import build_model
-from services.gpu_worker.sampler import greedy_tokens, plain_greedy, sample
+from services.gpu_worker.model.llama import build_model
+from services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
 from shared.config import EngineConfig
 from shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 

@@ -46,7 +46,7 @@ def test_latency_in_process(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
-    from services.gpu_worker import cpu_extensions
+    from services.gpu_worker.kernels import cpu_extensions
 
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps([{"prompt_token_ids": [600 + i for i in range(n)], "max_tokens": 6}

@@ -124,7 +124,7 @@ def test_bf16_kernel_over_block_sizes_head_dims_and_groups(block_size, head_dim,
 
 
 def _prefill_kernel_supported() -> bool:
-    from services.gpu_worker import cpu_extensions
+    from services.gpu_worker.kernels import cpu_extensions
 
     module = cpu_extensions.load("prefill")
     return module is not None and module.supported()
@@ -134,7 +134,7 @@ def _prefill_kernel_supported() -> bool:
 def prefill_walk(request):
     """The prefill kernel's vdpbf16ps walk, then its AMX walk (skipped where AMX cannot run;
     without AVX-512 BF16 the first leaves the prefills to SDPA)."""
-    from services.gpu_worker import cpu_extensions
+    from services.gpu_worker.kernels import cpu_extensions
 
     module = cpu_extensions.load("prefill")
     usable = module is not None and module.supported()

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions
-from services.gpu_worker.model import RMSNorm
-from services.gpu_worker.rotary_embedding import _rotate
+from services.gpu_worker.kernels import cpu_extensions
+from services.gpu_worker.model.llama import RMSNorm
+from services.gpu_worker.model.rotary_embedding import _rotate
 
 fused = cpu_extensions.load("fused")
 pytestmark = pytest.mark.skipif(fused is None, reason="the C++ kernels could not be built here")

@@ -13,9 +13,9 @@ import transformers
 
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.attention.reference import ReferenceBackend
-from services.gpu_worker.model import LlamaForCausalLM, build_model
-from services.gpu_worker.model_config import ModelConfig
-from services.gpu_worker.weights import load_config, load_weights
+from services.gpu_worker.model.config import ModelConfig
+from services.gpu_worker.model.llama import LlamaForCausalLM, build_model
+from services.gpu_worker.model.weights import load_config, load_weights
 from shared.model_source import SMOLLM2_GGUF_FILE, resolve_model
 from shared.tokenizer import Tokenizer, load_gguf_hf_tokenizer, load_tokenizer
 
@@ -301,7 +301,7 @@ def test_build_model_from_hf_dir_untied_llama3_rope(tmp_path):
 def test_rope_scaling_matches_transformers(scaling):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from services.gpu_worker.rotary_embedding import rope_inv_freq
+    from services.gpu_worker.model.rotary_embedding import rope_inv_freq
 
     hf_config = transformers.LlamaConfig(
         hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions
 from services.gpu_worker.attention.metadata import AttentionMetadata
+from services.gpu_worker.kernels import cpu_extensions
 
 # A new decode bucket is opened once the padding the next request would add to the current
 # bucket exceeds this many key positions. On 64 decodes with contexts 64..800 (1 thread),

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker import cpu_extensions
-from services.gpu_worker.penalties import apply_penalties, has_penalty
-from services.gpu_worker.sampling_noise import exponential_noise, random_keys, seeded_key
+from services.gpu_worker.kernels import cpu_extensions
+from services.gpu_worker.sampling.noise import exponential_noise, random_keys, seeded_key
+from services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
 from shared.messages import SampledToken, SamplingParams
 
 

@@ -13,7 +13,7 @@ where the CPU has AVX-512 BF16: oneDNN reads the weight at a third of the memory
 there on a CPU without AMX (Zen 4, SmolLM2's LM head at one row: 2.5 -> 1.6 ms; a layer's
 projections 3-5x faster). That keeps a second copy of the weight in cpu_gemv's layout
 (SmolLM2: +269 MB); PAGEDSERVE_SMALL_M_GEMV=0 turns it off. A projection loaded from GGUF
-Q4_1 blocks keeps those instead (services.gpu_worker.gguf_blocks: 0.625 bytes a weight), so
+Q4_1 blocks keeps those instead (services.gpu_worker.model.gguf_blocks: 0.625 bytes a weight), so
 a few-row step reads SmolLM2's layers from 66 MB instead of 212 MB, and multiplies by the
 GGUF's exact weights (the float32 model's) where oneDNN's many-row path uses their bf16
 roundings: a request's bf16 logits depend a little on how many rows its step has. The
@@ -37,7 +37,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions, gguf_blocks
+from services.gpu_worker.kernels import cpu_extensions
+from services.gpu_worker.model import gguf_blocks
 
 PACK_BATCH_HINT = 64
 # bf16 rows up to this take a weight's Q8_0 blocks, more its bf16 pairs copy. SmolLM2's LM
@@ -89,7 +90,7 @@ class PackedLinear:
     """A projection by one [out, in] weight; packed where packing_enabled(), else F.linear."""
 
     def __init__(self, weight: torch.Tensor, pack: bool = True, blocks: tuple[torch.Tensor, ...] | None = None) -> None:
-        """blocks: the weight's GGUF blocks (services.gpu_worker.gguf_blocks: Q4_1 (q, d, m)
+        """blocks: the weight's GGUF blocks (services.gpu_worker.model.gguf_blocks: Q4_1 (q, d, m)
         or Q8_0 (q, d)), if it came from them: few-row products then read those instead of
         a copy of the weight. bf16 keeps its pairs copy too beside Q8_0 blocks, for the rows
         past BF16_Q8_MAX_ROWS."""

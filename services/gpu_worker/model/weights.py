@@ -19,7 +19,7 @@ import re
 import numpy as np
 import torch
 
-from services.gpu_worker.model_config import ModelConfig
+from services.gpu_worker.model.config import ModelConfig
 from shared.model_source import find_gguf_in_dir, resolve_model
 
 _GGUF_GLOBAL_NAMES = {

@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker import cpu_extensions, gguf_blocks
 from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
-from services.gpu_worker.linear import PackedLinear
-from services.gpu_worker.model_config import ModelConfig
-from services.gpu_worker.rotary_embedding import RotaryEmbedding
+from services.gpu_worker.kernels import cpu_extensions
+from services.gpu_worker.model import gguf_blocks
+from services.gpu_worker.model.config import ModelConfig
+from services.gpu_worker.model.linear import PackedLinear
+from services.gpu_worker.model.rotary_embedding import RotaryEmbedding
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
@@ -146,7 +147,7 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.prepare(fused, optimized, self._layer_blocks(gguf, i))
 
     def attach_gguf_blocks(self, blocks: dict[str, tuple[torch.Tensor, ...]]) -> None:
-        """Keep the GGUF's quantized blocks by canonical name (services.gpu_worker.gguf_blocks:
+        """Keep the GGUF's quantized blocks by canonical name (services.gpu_worker.model.gguf_blocks:
         Q4_1 and Q8_0) for the few-row kernels; prepare() packs them where they equal the
         parameters."""
         self.gguf_blocks = blocks
@@ -250,7 +251,7 @@ def canonical_names(config: ModelConfig) -> list[str]:
 
 def build_model(path_or_name: str, dtype: torch.dtype = torch.float32, device=None) -> LlamaForCausalLM:
     """Load weights (GGUF or HF dir, by name or path) into a ready, eval-mode model."""
-    from services.gpu_worker.weights import load_weights
+    from services.gpu_worker.model.weights import load_weights
 
     config, state = load_weights(path_or_name)
     model = LlamaForCausalLM(config, dtype=dtype, device=device)

@@ -1,8 +1,8 @@
 """The CPU kernels in C++, built on first use; None where they cannot be.
 
-- decode (attention/cpu_decode.cpp): paged decode attention straight from the block pool,
+- decode (../attention/cpu_decode.cpp): paged decode attention straight from the block pool,
   float32 or bfloat16.
-- prefill (attention/cpu_prefill.cpp): paged causal prefill attention, bfloat16, where the
+- prefill (../attention/cpu_prefill.cpp): paged causal prefill attention, bfloat16, where the
   CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
 - fused (cpu_fused.cpp): RMSNorm, residual add + RMSNorm, SwiGLU and rotary, bf16 or
   float32, each one pass over memory, rounding as torch's op chains do.
@@ -40,12 +40,13 @@ from pathlib import Path
 log = logging.getLogger("pagedserve.worker")
 
 HERE = Path(__file__).parent
-SOURCES = {"decode": HERE / "attention" / "cpu_decode.cpp", "prefill": HERE / "attention" / "cpu_prefill.cpp",
+ATTENTION = HERE.parent / "attention"
+SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_prefill.cpp",
            "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp",
            "gemv_f32": HERE / "cpu_gemv_f32.cpp"}
 # headers a source includes: torch rebuilds when a source or the compile line changes, not a
 # header, so their hash goes on the compile line
-HEADERS = {"decode": [HERE / "attention" / "cpu_decode_work.h", HERE / "attention" / "cpu_decode_simd.h"],
+HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h"],
            "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
 
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from services.gpu_worker.model_config import ModelConfig
+from services.gpu_worker.model.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Micro-benchmark: the price of paging on the CPU.
 
     pagedserve bench attention [--threads N] [--repeat N]
-    (or python -m services.gpu_worker.attention.bench_attention ...)
+    (or python -m services.bench.attention ...)
 
 For the real model's attention shape (9 query heads, 3 KV heads, head_dim 64, block_size 16)
 it times one layer's TorchPagedBackend.attend over a pool with randomly permuted blocks against

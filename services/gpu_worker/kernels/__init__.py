@@ -1,0 +1,1 @@
+"""C++ CPU kernels built with torch cpp_extension, and their loader."""

@@ -1,0 +1,1 @@
+"""The model: Llama-family layers, their config, weights from GGUF or safetensors."""

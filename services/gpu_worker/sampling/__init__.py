@@ -1,0 +1,1 @@
+"""Token sampling: greedy, top-k/p/min-p, penalties, seeded noise."""
