@@ -1,0 +1,45 @@
+"""The named benchmark workloads, shipped in the package so `--workload random-64` works
+from any installed copy.
+
+The generators are the project's reference ones (the file every figure in
+docs/benchmarks.md is quoted on), copied verbatim in behaviour: same seeds, same draws, so
+the same name gives the same token ids everywhere. Token ids come from [100, VOCAB - 100),
+so no special token appears; run them greedily with ignore_eos so every system generates
+exactly max_tokens tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+VOCAB = 49152  # SmolLM2 tokenizer
+
+
+def random_mix(n: int, seed: int, plo: int, phi: int, olo: int, ohi: int) -> list[dict]:
+    """n requests, prompt lengths in [plo, phi], outputs in [olo, ohi]."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        p = rng.randint(plo, phi)
+        o = rng.randint(olo, ohi)
+        out.append({"prompt_token_ids": [rng.randrange(100, VOCAB - 100) for _ in range(p)], "max_tokens": o})
+    return out
+
+
+def shared_prefix(n: int, seed: int, prefix: int, suffix: int, o: int) -> list[dict]:
+    """n requests sharing one prefix of `prefix` tokens, `suffix` distinct tokens each."""
+    rng = random.Random(seed)
+    pre = [rng.randrange(100, VOCAB - 100) for _ in range(prefix)]
+    return [{"prompt_token_ids": pre + [rng.randrange(100, VOCAB - 100) for _ in range(suffix)], "max_tokens": o}
+            for _ in range(n)]
+
+
+WORKLOADS: dict[str, Callable[[], list[dict]]] = {
+    # 64 requests, prompts 64-512 tokens, outputs 32-256 tokens
+    "random-64": lambda: random_mix(64, 0, 64, 512, 32, 256),
+    # 32 requests sharing a 512-token prefix, 32 distinct tokens each, 64 output tokens
+    "shared-prefix-32": lambda: shared_prefix(32, 1, 512, 32, 64),
+    # 128 short prompts (16-64 tokens), 256 output tokens each
+    "decode-heavy-128": lambda: random_mix(128, 3, 16, 64, 256, 256),
+}
