@@ -16,6 +16,7 @@ incarnation, step_id, worker_id; the counters (hits, evictions, copies, ...) run
 manager replacements, so the api's Prometheus counters never go down; written at most every STATS_INTERVAL_S while busy and as
 soon as the stream goes quiet; the full integrity check runs every INTEGRITY_INTERVAL_S while busy
 and once quiet for QUIET_S. PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
+keys.stats("block_map"): block_map.block_map() of each worker's pool, at most once a second.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import uuid
 from collections import Counter
 
 from services.kvstore.block_manager import BlockManager
+from services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
 from shared import redis_io
 from shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
 from shared.redis_io import Entry, Heartbeat
@@ -68,6 +70,7 @@ class KvStoreLoop:
         self.last_change = 0.0  # monotonic time the manager last changed (0: never)
         self.last_stats = 0.0
         self.stats_dirty = True
+        self.last_block_map = 0.0  # keys.stats("block_map"): the dashboard's per-block picture
         self.counter_base: Counter[str] = Counter()  # COUNTERS of the managers replaced so far
         self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
 
@@ -222,4 +225,9 @@ class KvStoreLoop:
                      incarnation=self.incarnation, step_id=self.last_step_id,
                      worker_id=self.hello.worker_id if self.hello is not None else None)
         await redis_io.write_stats(self.r, self.keys, "kvstore", stats)
-        self.last_stats, self.stats_dirty = now, not idle
+        map_due = now - self.last_block_map >= BLOCK_MAP_INTERVAL_S
+        if map_due:
+            workers = {self.hello.worker_id: self.manager} if self.hello is not None else {}
+            await redis_io.write_stats(self.r, self.keys, "block_map", block_map(workers))
+            self.last_block_map = now
+        self.last_stats, self.stats_dirty = now, not idle or not map_due  # a map not due yet: come back
