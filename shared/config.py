@@ -6,7 +6,7 @@ Bad config fails at start with the field named (ConfigError), never later in a l
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
                "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
@@ -65,7 +65,3 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
         need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
         need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]

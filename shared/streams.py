@@ -16,7 +16,6 @@ Heartbeats are plain keys with a TTL; stats are msgpack blobs each service rewri
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "pagedserve"
@@ -28,10 +27,6 @@ HEARTBEAT_INTERVAL_S = 1.0
 @dataclass(frozen=True)
 class Keys:
     prefix: str = DEFAULT_PREFIX
-
-    @classmethod
-    def from_env(cls) -> Keys:
-        return cls(os.environ.get("PAGEDSERVE_PREFIX", DEFAULT_PREFIX))
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))

@@ -9,8 +9,7 @@ import torch
 
 @functools.lru_cache(maxsize=1)
 def cpu_has_bf16() -> bool:
-    """True where the CPU computes bf16 natively (AVX-512 BF16 or AMX): there bf16 matmul
-    runs several times faster than fp32; elsewhere bf16 is emulated and slower."""
+    """True where the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere it is emulated."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()

@@ -1,20 +1,8 @@
 """Host memory for the CPU worker: big temporaries kept mapped, the KV pool on huge pages.
 
-keep_freed_memory: keep freed host memory mapped, so a step's big temporaries do not
-page-fault again.
-A CPU step allocates tens of MB of activations and logits, and frees them at the end. By
-default glibc serves every block over its mmap threshold (128 KiB, adapting up to 32 MiB)
-with a fresh mmap and unmaps it on free: the next step page-faults the same memory in
-again, one 4 KiB page at a time. Converting a decode step's [128, 49152] logits to float32
-took 3.1 ms that way and 1.5 ms with the settings below (a copy into a tensor already
-mapped: 0.7 ms). The cost: the worker's resident size stays at its high-water mark, which
-is what a serving process has anyway (vLLM's CPU backend asks for tcmalloc for the same
-reason).
-
-huge_pages_zeros: the KV pool is read at random, one 6 KiB block here and another there,
-several hundred MB per decode step; on 4 KiB pages nearly every block costs a TLB miss and
-a page walk. Backed by 2 MiB transparent huge pages (madvise, before the first touch) the
-pool covers a few thousand TLB entries instead of a few hundred thousand.
+keep_freed_memory: glibc unmaps big freed blocks, so every step would page-fault its tens of MB
+of temporaries in again; keeping the heap costs a resident size at its high-water mark.
+huge_pages_zeros: the KV pool is read at random blocks, so 2 MiB pages save TLB misses.
 """
 
 from __future__ import annotations
@@ -46,8 +34,7 @@ def keep_freed_memory() -> bool:
 
 
 def huge_pages_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor whose pages the kernel is asked to back with huge pages (where
-    transparent huge pages are enabled for madvise; elsewhere an ordinary zeroed tensor)."""
+    """A zeroed CPU tensor advised onto transparent huge pages (where madvise mode allows)."""
     numel = 1
     for n in shape:
         numel *= n

@@ -1,9 +1,5 @@
-"""The physical KV block pool: allocated once at start, owned by the worker.
-
-One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim] (K then V), so a
-block id means the same rows in every layer. The worker only reports num_blocks; which
-block belongs to whom is the kvstore's business.
-"""
+"""The physical KV block pool, allocated once: per layer [2, num_blocks, block_size, Hkv, D].
+A block id means the same rows in every layer; ownership is the kvstore's business."""
 
 from __future__ import annotations
 

@@ -44,9 +44,6 @@ class ForkGroups:
         """The parent of a held child, else None."""
         return self._parent_of.get(request_id)
 
-    def held_children(self, parent_id: str) -> list[Request]:
-        return list(self._children.get(parent_id, ()))
-
     def release_child(self, child: Request) -> bool:
         """Forget a held child (aborted); True if its parent has no child left."""
         parent_id = self._parent_of.pop(child.request_id)

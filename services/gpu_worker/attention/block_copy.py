@@ -1,9 +1,5 @@
-"""Block copies for copy-on-write: before a request writes into a block it shares with another
-request, the kvstore gives it a fresh block and asks the worker to copy the shared one there.
-
-A block id names the same rows in every layer (see kv_pool.py), so one pair copies K and V of
-that block in every layer's tensor [2, num_blocks, block_size, num_kv_heads, head_dim].
-"""
+"""Copy-on-write block copies: the kvstore gives a writer a fresh block; the worker copies the
+shared one there, K and V in every layer (a block id names the same rows in each)."""
 
 from __future__ import annotations
 
@@ -11,12 +7,8 @@ import torch
 
 
 def copy_blocks(kv_caches: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
-    """Copy block src -> dst (K and V) in every layer, for each (src, dst) in pairs.
-
-    All copies read the blocks as they were before the call (gather, then scatter), so a
-    block may be both a source and, for another pair, a destination. Two pairs writing the
-    same destination would make the result depend on the order, hence a ValueError.
-    """
+    """Copy src -> dst in every layer for each pair. All reads see the blocks as before the call
+    (gather, then scatter); two pairs with one destination raise ValueError."""
     if not pairs or not kv_caches:
         return
     dsts = [d for _, d in pairs]

@@ -1,15 +1,10 @@
 """What a paged-attention backend needs to know about one step's ragged batch.
 
-The step's scheduled tokens of all requests are flattened into one sequence of T tokens,
-request after request, with no padding. Request i owns the flat token range
-[query_start_loc[i], query_start_loc[i+1]); its new tokens sit at the end of its context:
-they have positions seq_lens[i] - query_len_i ... seq_lens[i] - 1 and attend causally to
-every earlier position of the same request (cached context plus themselves).
-
-KV cache layout, one tensor per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]
-(index 0 is K, 1 is V). Token at logical position p of request i lives in block
-block_tables[i, p // block_size] at offset p % block_size, i.e. flat slot
-block_id * block_size + offset.
+T tokens, request after request, no padding. Request i owns [query_start_loc[i],
+query_start_loc[i+1]); its new tokens have positions seq_lens[i] - query_len_i .. seq_lens[i] - 1
+and attend causally to every earlier position of the request.
+KV cache per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]. Position p of
+request i is at block block_tables[i, p // block_size], slot block_id * block_size + p % block_size.
 """
 
 from __future__ import annotations
@@ -88,8 +83,5 @@ class AttentionBackend(Protocol):
     def attend(
         self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        """query [T, num_heads, head_dim] -> output [T, num_heads, head_dim].
-
-        num_heads is a multiple of num_kv_heads (grouped-query attention: query head h
-        reads kv head h // (num_heads // num_kv_heads)). Call write_kv first.
-        """
+        """query [T, num_heads, head_dim] -> [T, num_heads, head_dim]; query head h reads kv head
+        h // (num_heads // num_kv_heads). Call write_kv first."""

@@ -1,34 +1,14 @@
 """Paged attention in plain torch: the CPU serving path.
 
-attend() splits the step's ragged batch in two (see metadata.py for the batch semantics):
-- decodes (query_len 1), where the C++ kernel is loaded (cpu_decode.cpp via cpu_extensions.py; float32 or bfloat16), run in one
-  call that reads K/V where they lie in the pool, no gather and no padding. Otherwise they
-  are sorted by context length and cut into a few buckets; each bucket
-  gathers its requests' blocks into one padded [b, L, Hkv, D] tensor and runs ONE
-  scaled_dot_product_attention with a key-padding mask. GQA costs no copy: the group's query
-  heads become the query rows, q [b, Hkv, group, D] against k [b, Hkv, L, D].
-- prefill chunks (query_len > 1): in bf16 on a CPU with AVX-512 BF16, all of them in one
-  call of the C++ flash-attention kernel (cpu_prefill.cpp), which reads K/V from the pool
-  (6.8x SDPA's time on a 512-token prompt: 1.0 against 6.8 ms per layer on a Zen 5).
-  Otherwise one SDPA each over their gathered context, causal with the offset of the
-  cached context; the group again rides along for free, as an expanded (stride 0) head
-  dimension of K/V.
-
-Why buckets: SDPA's cost grows with the padded key length, so padding every decode to the
-longest context (contexts spread over 64..800) costs about 2.2x the bucketed version, while an
-extra bucket costs only a few small ops; a bucket is cut where the padding the next request
-would add exceeds PAD_TOKENS_PER_CALL key positions (measured with bench_attention).
-Why a workspace: the gather writes tens of MB per layer; into a fresh tensor that is mostly
-page faults (about 4x slower than into memory that is already mapped), so gathers go into one
-grow-only buffer that every layer reuses.
-Tried and dropped: gathering head-major ([2, Hkv, blocks, block_size, D], so that SDPA reads
-contiguous K rows) makes SDPA faster but the gather slower, about 10% worse in total; manual
-bmm + softmax is slower than SDPA, and SDPA's enable_gqa is slower than the row/stride tricks.
-The split, the index tensors and the masks depend only on the metadata, which is the same for
-every layer of a step, so they are built once per step (keyed by the metadata object) and
-reused by all layers.
-Padded key positions are masked out, but their values still enter SDPA (weight exactly 0):
-the pool must hold finite numbers, which it does (zero-initialised, written with K/V).
+attend() splits the step's ragged batch (metadata.py) in two:
+- decodes (query_len 1): the C++ kernel (cpu_decode.cpp) reads K/V in place when loaded; else
+  context-length buckets (SDPA's cost grows with the padded key length), each gathered into a
+  padded [b, L, Hkv, D] tensor for one masked SDPA; GQA free: q [b, Hkv, group, D] vs k [b, Hkv, L, D].
+- prefill chunks: bf16 on AVX-512 BF16 -> one cpu_prefill.cpp call; else one causal SDPA each,
+  offset by the cached context, K/V with a stride-0 group dimension.
+Gathers reuse one grow-only workspace (fresh tensors page-fault). The plan depends only on the
+metadata, so it is built once per step for all layers. Padded keys are masked but still read:
+the pool must hold finite values (it is zero-initialised).
 """
 
 from __future__ import annotations
@@ -41,9 +21,7 @@ import torch.nn.functional as F
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.kernels import cpu_extensions
 
-# A new decode bucket is opened once the padding the next request would add to the current
-# bucket exceeds this many key positions. On 64 decodes with contexts 64..800 (1 thread),
-# 16..128 are equally good, 256 is about 1.3x slower, 1024 1.8x, a single bucket 2.2x.
+# A new decode bucket opens once the next request would add more padded key positions than this.
 PAD_TOKENS_PER_CALL = 64
 
 

@@ -1,24 +1,13 @@
-"""Paged attention in Triton: the GPU serving path (also runs under TRITON_INTERPRET=1 on CPU
-tensors, which is how the tests check it).
+"""Paged attention in Triton: the GPU serving path (tested on CPU under TRITON_INTERPRET=1).
 
-Two kernels:
-- _reshape_and_cache: one program per new token copies its K and V [Hkv, D] into the pool at
-  its slot (block = slot // block_size, offset = slot % block_size).
-- _paged_attention: one program per (query tile, kv head). A tile is up to BLOCK_Q consecutive
-  new tokens of one request; its rows are (token, query head of the kv head's group) pairs,
-  row r = token r // GROUP, head kv_head * GROUP + r % GROUP, so K/V are read once per group
-  (GQA without copies). The program walks the request's keys BLOCK_N at a time, translating
-  each key position to its slot through the block table (so BLOCK_N is independent of the
-  block size and a context may end mid-block), with an online softmax (running max m_i,
-  running sum l_i, rescaled accumulator) and the causal bound of each row: the row's token at
-  position seq_len - query_len + t sees keys 0 .. that position. Keys at or past the tile's
-  last position are never loaded.
-The same kernel is launched twice per step, specialised: decode tiles (query_len 1,
-BLOCK_Q = 1, few rows) and prefill tiles (BLOCK_Q chosen so a tile has about 64 rows).
-
-To run on CPU tensors, TRITON_INTERPRET=1 must be in the environment before triton is first
-imported: triton.jit reads it when it decorates, triton's own library functions (tl.max, ...)
-included.
+- _reshape_and_cache: one program per new token writes its K and V [Hkv, D] at its slot.
+- _paged_attention: one program per (query tile, kv head). A tile is up to BLOCK_Q new tokens
+  of one request; row r = token r // GROUP, head kv_head * GROUP + r % GROUP, so K/V are read
+  once per group. Keys are walked BLOCK_N at a time through the block table (a context may end
+  mid-block) with an online softmax; the token at position seq_len - query_len + t sees keys
+  0 .. that position. Launched twice per step: decode tiles (BLOCK_Q = 1), prefill tiles
+  (about ROWS_PER_TILE rows).
+TRITON_INTERPRET=1 must be set before triton is first imported (triton.jit reads it).
 """
 
 import os

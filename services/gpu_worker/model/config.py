@@ -1,8 +1,4 @@
-"""The shape of a llama-family decoder, read from an HF config.json or a GGUF header.
-
-Both sources normalize to the same ModelConfig, so a model saved by transformers from a
-GGUF load yields a config equal to the GGUF's own.
-"""
+"""The shape of a llama-family decoder, from an HF config.json or a GGUF header (same result)."""
 
 from __future__ import annotations
 
@@ -126,8 +122,7 @@ def _as_id_list(value: int | list[int] | None) -> list[int]:
 
 
 def _hf_rope(config: dict[str, Any]) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from either transformers>=5 `rope_parameters` or the older
-    `rope_theta` + `rope_scaling` keys; rope_scaling is None for the default rope."""
+    """(rope_theta, rope_scaling or None) from `rope_parameters` or the older separate keys."""
     params = config.get("rope_parameters")
     if params is None:
         params = dict(config.get("rope_scaling") or {})

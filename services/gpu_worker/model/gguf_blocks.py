@@ -1,16 +1,9 @@
-"""A GGUF's quantized tensors as they are stored, for the few-row kernels (cpu_gemv.cpp,
-cpu_gemv_f32.cpp), and their packed layouts.
+"""A GGUF's quantized tensors as stored, and their packed layouts for the few-row kernels.
 
-Q4_1 (SmolLM2's layer projections): per 32 weights of a row, fp16 d, fp16 m, then 16 bytes
-of 4-bit q (byte i: weight i in its low nibble, weight 16 + i in its high one); weight =
-d * q + m. Q8_0 (its tied embedding, the LM head): fp16 d, then 32 int8 q; weight = d * q.
-The loader dequantizes these to the float32 state dict (what HF transformers computes too);
-the bf16 model rounds them to bf16. The few-row kernels read q and d (and m) instead: 0.625
-and 1.0625 bytes a weight instead of 2 or 4, and multiply by the exact GGUF values.
-
-load_q4_1 returns, by canonical name, (q uint8 [N, K], d float32 [N, K/32], m float32
-[N, K/32]); load_q8_0 (q int8 [N, K], d float32 [N, K/32]). Q/K rows are unpermuted as the
-state dict's are; {} for a model that is not a GGUF or has no tensor of that type.
+Q4_1: per 32 weights, fp16 d, fp16 m, 16 bytes of 4-bit q (byte i: weight i low nibble,
+weight 16 + i high); weight = d * q + m. Q8_0: fp16 d, 32 int8 q; weight = d * q.
+load_q4_1 -> by canonical name (q uint8 [N, K], d, m float32 [N, K/32]); load_q8_0 ->
+(q int8 [N, K], d float32 [N, K/32]). Q/K rows unpermuted like the state dict; {} if none.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Llama decoder over a flattened ragged batch with a paged KV cache.
 
-The step's tokens of all requests are one sequence of T tokens (no batch dim, no padding);
-AttentionMetadata says which tokens belong to which request. Attention goes through an
-AttentionBackend, which writes the new K/V into the per-layer cache
-[2, num_blocks, block_size, num_kv_heads, head_dim] and reads the context back from it.
-
-Projections are fused for speed: one qkv matmul ([q; k; v] rows) and one gate_up matmul
-([gate; up] rows). Parameters are allocated uninitialized: they are always loaded.
+The step's tokens are one sequence of T tokens (no batch dim, no padding); AttentionMetadata
+maps tokens to requests. The backend writes K/V into the per-layer cache
+[2, num_blocks, block_size, num_kv_heads, head_dim] and reads the context back.
+Projections are fused (qkv, gate_up); parameters are uninitialized until loaded.
 """
 
 from __future__ import annotations
@@ -57,9 +54,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.prepare(None, pack=False)
 
     def prepare(self, fused, pack: bool = True, blocks: dict | None = None) -> None:
-        """(Re)build the projections from the current parameters and take the fused kernels
-        (None: plain torch ops); LlamaForCausalLM.prepare calls it. blocks: this layer's GGUF
-        blocks by projection ("qkv", "o", "gate_up", "down"), where it has them."""
+        """(Re)build the projections; fused None: plain torch ops. blocks: GGUF blocks by projection."""
         blocks = blocks or {}
         self.qkv, self.o, self.gate_up, self.down = (
             PackedLinear(w, pack, blocks.get(key)) for key, w in
@@ -75,11 +70,8 @@ class LlamaDecoderLayer(torch.nn.Module):
         return h + self.down(F.silu(gate) * up)
 
     def forward_fused(self, x, residual, positions, rotary, kv_cache, meta, backend):
-        """The same layer on the fused kernels, the residual stream carried apart (as vLLM):
-        the layer's input is x + residual (residual None: x alone) and it returns
-        (mlp_out, residual) whose sum is its output, so every residual add happens inside the
-        next norm's pass (add_rms_norm) instead of as an op of its own. Same rounding:
-        bf16(a + b) either way."""
+        """The layer on the fused kernels: input x + residual (None: x), returns (mlp_out, residual)
+        whose sum is the output, so each residual add happens inside the next add_rms_norm."""
         normed = torch.empty_like(x)
         if residual is None:
             residual = x
@@ -131,10 +123,8 @@ class LlamaForCausalLM(torch.nn.Module):
         self.prepare(optimized=False)  # the parameters are not loaded yet
 
     def prepare(self, optimized: bool = True) -> None:
-        """Pack every projection for the current parameters and, for bf16 or float32 on the
-        CPU, take the fused kernels (cpu_fused.cpp). load_state_dict_canonical calls it; call it again
-        after changing parameters by hand or moving the model (a packed weight is a copy:
-        it does not follow the parameter). optimized=False: plain torch ops throughout."""
+        """Pack every projection and take the fused CPU kernels; call again after changing or moving
+        parameters (a packed weight is a copy). optimized=False: plain torch ops throughout."""
         on_cpu = self.embed_tokens.device.type == "cpu"
         fusable = on_cpu and self.dtype in (torch.bfloat16, torch.float32)
         fused = cpu_extensions.load("fused") if optimized and fusable else None
@@ -147,9 +137,7 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.prepare(fused, optimized, self._layer_blocks(gguf, i))
 
     def attach_gguf_blocks(self, blocks: dict[str, tuple[torch.Tensor, ...]]) -> None:
-        """Keep the GGUF's quantized blocks by canonical name (services.gpu_worker.model.gguf_blocks:
-        Q4_1 and Q8_0) for the few-row kernels; prepare() packs them where they equal the
-        parameters."""
+        """Keep the GGUF's Q4_1/Q8_0 blocks by canonical name for the few-row kernels (see prepare)."""
         self.gguf_blocks = blocks
 
     @staticmethod
@@ -200,16 +188,14 @@ class LlamaForCausalLM(torch.nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
-        """hidden [N, hidden_size] (only the rows to sample) -> logits [N, vocab], float32
-        (as_float) or in the model's dtype (for a greedy pick: the argmax is the same)."""
+        """hidden [N, hidden_size] -> logits [N, vocab], float32 if as_float else the model's dtype."""
         logits = self.head(hidden)
         return logits.float() if as_float else logits
 
     @torch.no_grad()
     def load_state_dict_canonical(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy a canonical (HF llama names) state dict into the fused parameters, casting
-        to the model dtype. Every expected name must be present and nothing else; a tied
-        model ignores a redundant `lm_head.weight`."""
+        """Copy an HF-named state dict into the fused parameters; exactly the expected names
+        (a tied model ignores `lm_head.weight`)."""
         names = set(state)
         if self.lm_head is None:
             names.discard("lm_head.weight")

@@ -1,9 +1,7 @@
 """Rotary position embedding (HF "rotate half" convention), with linear and llama3 scaling.
 
-The cos/sin table is computed once for every position up to max_position_embeddings and
-indexed by each token's position, so a ragged batch needs no per-step trigonometry. The
-angles are position * inv_freq in float32, exactly as transformers computes them, so the
-float32 model matches HF bit for bit here.
+The cos/sin table covers every position up to max_position_embeddings (angles in float32, as
+transformers computes them, so float32 matches HF bit for bit).
 """
 
 from __future__ import annotations
@@ -53,11 +51,7 @@ class RotaryEmbedding(torch.nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, fused=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated, same shapes/dtype.
-
-        Dims i and i + D/2 form a pair: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
-        the cos/sin cast to the activations' dtype first as transformers does. With the fused
-        CPU kernels (bf16), query and key are rotated in place and returned.
-        """
+        Pairs (i, i + D/2); cos/sin cast to the activations' dtype first. Fused CPU path: in place."""
         if fused is not None:
             fused.rotary(query, positions, self.cos, self.sin)
             fused.rotary(key, positions, self.cos, self.sin)

@@ -1,11 +1,7 @@
 """Load a llama checkpoint into one canonical float32 state dict (HF llama parameter names).
 
-Two sources: an HF directory (config.json + *.safetensors) and a GGUF file (dequantized
-with the `gguf` package). Canonical names are those of transformers' LlamaForCausalLM:
-`model.embed_tokens.weight`, `model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
-`model.layers.{i}.mlp.{gate,up,down}_proj.weight`, `model.layers.{i}.input_layernorm.weight`,
-`model.layers.{i}.post_attention_layernorm.weight`, `model.norm.weight` and, only when the
-embeddings are not tied, `lm_head.weight`.
+Sources: an HF directory (config.json + *.safetensors) or a GGUF file (dequantized with `gguf`).
+`lm_head.weight` only when the embeddings are not tied.
 """
 
 from __future__ import annotations
@@ -52,10 +48,8 @@ def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor
 
 @functools.lru_cache(maxsize=4)
 def gguf_reader(path: str, mtime_ns: int | None = None):
-    """A parsed gguf.GGUFReader, one per file and version (mtime_ns, for the cache key):
-    parsing the header (the tokenizer's arrays) takes seconds, and loading a model reads the
-    file three times (the state dict, then its Q4_1 and Q8_0 blocks). Tensor data are
-    memory maps: the cache holds no copy of the weights."""
+    """A cached gguf.GGUFReader per file and mtime_ns: parsing the header is slow and a load reads
+    the file three times. Tensor data are memory maps, so the cache holds no weights."""
     import gguf
 
     return gguf.GGUFReader(path)
@@ -131,13 +125,8 @@ def _canonical_gguf_name(gguf_name: str) -> str:
 
 
 def _unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's convert-time row permutation of the Q/K projections.
-
-    llama.cpp rotates interleaved pairs of each head's D dims, HF rotates halves. So in a
-    GGUF head, row 2*i + j holds what HF keeps at row j * D/2 + i (i < D/2, j in {0, 1}).
-    Same as transformers' LlamaTensorProcessor._reverse_permute_weights.
-    weights: [num_heads * D, in] -> same shape.
-    """
+    """Undo llama.cpp's Q/K row permutation: GGUF head row 2*i + j is HF row j * D/2 + i
+    (llama.cpp rotates interleaved pairs, HF halves). [num_heads * D, in] -> same shape."""
     half = weights.shape[0] // num_heads // 2
     w = weights.reshape(num_heads, half, 2, *weights.shape[1:])
     return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weights.shape))

@@ -1,15 +1,10 @@
 """Counter-based exponential noise for the sampler: a pure function of (key, vocab index).
 
-Sampling is the exponential race (argmax of p / E, E ~ Exp(1)). Here E comes from a
-hash, not a generator's stream: row r's noise is a function of its key only, computed for
-the whole batch in a few integer tensor ops (no per-request loop, no per-request
-generator). A seeded request's key is a hash of (seed, position of the token sampled), so
-the same seed gives the same tokens alone, batched with anything, after a preemption or on
-another worker. Unseeded rows get random keys from torch's global generator.
-
-The hash is lowbias32 (Chris Wellons), a bijection on 32 bits, applied twice with the two
-halves of a 64-bit key; multiplications are split into 16-bit halves so no intermediate
-leaves int64 (portable to every torch backend, no reliance on overflow wrapping).
+The sampler's exponential race (argmax of p / E, E ~ Exp(1)) takes E from a hash of a per-row
+key, for the whole batch in a few integer ops. A seeded row's key hashes (seed, position), so a
+seed gives the same tokens whatever the batch, preemption or worker; unseeded rows get random keys.
+The hash is lowbias32 applied twice (the 64-bit key's halves), multiplied in 16-bit halves so
+nothing overflows int64.
 """
 
 from __future__ import annotations
@@ -44,8 +39,7 @@ def _splitmix64(x: int) -> int:
 
 
 def seeded_key(seed: int, position: int) -> int:
-    """The 64-bit key of the token a seeded request samples at `position` (0-based index in
-    prompt + output)."""
+    """The 64-bit key of a seeded request's token at `position` (0-based in prompt + output)."""
     return _splitmix64((seed & _MASK64) ^ _splitmix64(position))
 
 

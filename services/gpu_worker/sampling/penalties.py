@@ -1,12 +1,8 @@
 """Presence, frequency and repetition penalties over a batch of logits, vectorised.
 
-OpenAI semantics for presence/frequency (over the tokens generated so far):
-    logit -= frequency_penalty * count(token) + presence_penalty * (count(token) > 0)
-and the HF/vLLM repetition penalty (over prompt and generated tokens): a seen token's
-logit is divided by it when positive and multiplied by it when negative. Repetition is
-applied first, as vLLM does. Rows without any penalty are not touched and cost nothing;
-the penalised rows' token histories become one padded tensor and one scatter_add per
-step (no per-row loop over the vocabulary).
+Presence/frequency (OpenAI, over generated tokens): logit -= frequency * count + presence * (count > 0).
+Repetition (HF/vLLM, over prompt + generated, applied first): a seen token's logit is divided by
+it when positive, multiplied when negative. Rows without penalties are untouched.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Batched sampling: one call per step for every request that samples.
 
-First the penalties (presence, frequency, repetition; penalties.py) on every row that has
-any. Greedy rows (temperature 0) take the argmax. Random rows get temperature, top-k,
-top-p and min-p as masks over the whole batch at once, then the exponential race (argmax
-of p / E with E ~ Exp(1)), which samples exactly from p. E is counter-based noise
-(sampling_noise.py): for a seeded request a function of (seed, position) only, so its
-output does not depend on what else is in the batch, nor on preemptions.
+Penalties first (penalties.py). Greedy rows (temperature 0) take the argmax; random rows get
+temperature, top-k, top-p and min-p as batch-wide masks, then the exponential race with
+counter-based noise (noise.py), so a seeded row's output does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -59,9 +56,8 @@ def plain_greedy(params: list[SamplingParams]) -> bool:
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """The argmax of each row of logits [N, V] (any float dtype; the first index on ties).
-    bf16 on the CPU is read in place by the fused kernel: converting a decode step's
-    [128, 49152] logits to float32 and reducing them took 3.5 ms, the kernel well under 1."""
+    """The argmax of each row of logits [N, V] (first index on ties); CPU bf16 read in place by the
+    fused kernel (no float32 copy)."""
     fused = cpu_extensions.load("fused") if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" else None
     if fused is not None:
         return fused.argmax_rows(logits).tolist()
@@ -70,13 +66,11 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
            token_ids: list[list[int]], num_prompt_tokens: list[int]) -> list[SampledToken]:
-    """logits [N, V] (float32) -> one SampledToken per row. token_ids[i]: row i's prompt +
-    generated tokens so far (the sampled token goes to position len(token_ids[i])), its
-    first num_prompt_tokens[i] the prompt. Logprobs are the model's, before penalties and
-    temperature (as vLLM and OpenAI report them)."""
+    """logits [N, V] float32 -> one SampledToken per row. token_ids[i]: row i's prompt + output so
+    far. Logprobs are the model's, before penalties and temperature (as OpenAI reports them)."""
     processed = apply_penalties(logits, params, token_ids, num_prompt_tokens)
     greedy = torch.tensor([p.temperature <= 0.0 for p in params], device=logits.device)
-    # max(dim).indices is argmax (the first index of the maximum), about 2x faster on the CPU
+    # max(dim).indices is argmax (first index of the maximum), cheaper on the CPU
     token_ids_out = processed.max(dim=1).indices
     random_rows = (~greedy).nonzero().flatten().tolist()
     if random_rows:
