@@ -1,24 +1,12 @@
-"""The batched allocation of one scheduler step (ARCHITECTURE.md, "One step of the loop" 2).
+"""The batched allocation of one scheduler step.
 
-0. Apply every fork (n > 1: the parent's table becomes each child's, the parent's goes).
-1. Free every id in free_request_ids (finished or aborted since the last step).
-2. Go through the candidates in the policy's order, most important first, greedily:
-   - a running candidate gets slots for its num_new_tokens; while the pool is dry, the last
-     running candidate in the list that is not yet preempted is preempted (all its blocks
-     freed, ALLOC_PREEMPTED), which may be the current one itself, and the allocation is
-     retried. Victims come only from the current candidate or after it, so the policy's
-     order decides who is sacrificed, and a candidate never loses blocks to a less
-     important one. Consequence: every answer is final once given; no grant is revoked.
-   - a waiting candidate is admitted only if all its tokens fit (BlockManager.admit);
-     the first one refused stops admission for every later waiting candidate this step
-     (head of line: FCFS fairness, a big request is not starved by small ones behind it).
-     A waiting candidate never preempts anyone, and none is admitted once this step has
-     preempted: the blocks a preempted running request gave up are not handed to a
-     waiting one the policy put after it.
-   A fresh fork is a running candidate whose first grant copies its shared partial block on
-   write and lists its whole table. Cached free blocks are evicted (reused) before anyone
-   is preempted: they count as free.
-Results come back in candidate order, with the step's copy-on-write pairs.
+0. Apply every fork; 1. free every id in free_request_ids; 2. the candidates, in policy order:
+   - running: slots for num_new_tokens; while the pool is dry, preempt the last not-yet-preempted
+     running candidate at or after this one (maybe itself) and retry. No grant is ever revoked.
+   - waiting: admitted only if all its tokens fit; the first refusal, or any preemption this
+     step, stops admission (head of line). A waiting candidate never preempts.
+   Cached free blocks count as free (evicted before anyone is preempted). A fresh fork's first
+   grant copies its shared partial block. Results in candidate order, with copy-on-write pairs.
 """
 
 from __future__ import annotations
@@ -91,8 +79,7 @@ def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
 
 def _last_unanswered_running(candidates: list[AllocCandidate], results: list[AllocResult | None],
                              index: int) -> int:
-    """The least important running candidate at or after index not yet answered; the
-    current one (index) qualifies, so there always is one."""
+    """The least important unanswered running candidate at or after index (index itself qualifies)."""
     for victim in range(len(candidates) - 1, index, -1):
         if not candidates[victim].is_waiting and results[victim] is None:
             return victim
@@ -100,8 +87,7 @@ def _last_unanswered_running(candidates: list[AllocCandidate], results: list[All
 
 
 def _validate(manager: BlockManager, request: AllocRequest) -> None:
-    """An id may be both freed and a candidate (a reused id): the free comes first. A fork
-    child may be freed (aborted) in the step that forks it."""
+    """A reused id may be both freed and a candidate (free first); a fork child may be freed as it forks."""
     forked: set[str] = set()
     for fork in request.forks:
         if not manager.has_request(fork.parent_id) or fork.parent_id in forked:

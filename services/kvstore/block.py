@@ -1,13 +1,8 @@
 """One KV cache block's bookkeeping: id, refcount, optional prefix hash, free-queue links.
 
-The kvstore never sees tensors: a block id names the same rows in every layer of the
-worker's physical pool, and this object only records who uses those rows.
-
-Invariants (checked by BlockPool.check_integrity):
-- ref_cnt is the number of request block-table entries that point at this block;
-- ref_cnt == 0 exactly when the block is in the free queue (prev_free is not None);
-- block_hash is not None exactly when the pool's hash table maps block_hash to this block
-  (the block is full and its K/V are those of that chained prefix).
+Invariants (BlockPool.check_integrity): ref_cnt = block-table entries pointing here; ref_cnt
+== 0 exactly when in the free queue (prev_free set); block_hash set exactly when the pool's hash
+table maps it here (a full block holding that chained prefix).
 """
 
 from __future__ import annotations

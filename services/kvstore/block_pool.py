@@ -1,16 +1,10 @@
 """The fixed pool of num_blocks blocks: free queue, refcounts and the prefix-hash table.
 
-Blocks are never created or destroyed after start (the worker's tensors are allocated once);
-a block moves between "free" (in the free queue, ref_cnt 0) and "held" (ref_cnt > 0).
-A free block may still carry a cached prefix: it is reused by a prefix hit (touch) until
-popleft hands it to a new owner, which evicts its hash. So the free queue doubles as the
-LRU list of cached blocks nobody references.
-
-Invariants (check_integrity):
-- every block is free xor held: ref_cnt == 0 exactly when it is in the free queue;
-- the hash table maps h -> block exactly when block.block_hash == h (both directions);
-- the free queue is well linked and holds each block at most once;
-- num_cached_free_blocks counts the free blocks that carry a hash (evictable cache).
+A free block may keep its cached prefix until popleft reuses it, so the free queue is also
+the LRU of unreferenced cached blocks.
+Invariants (check_integrity): free xor held (ref_cnt == 0 exactly in the free queue); the hash
+table maps h -> block exactly when block.block_hash == h; the queue is well linked, each block
+at most once; num_cached_free_blocks counts free blocks carrying a hash.
 """
 
 from __future__ import annotations
@@ -68,11 +62,8 @@ class BlockPool:
             block.ref_cnt += 1
 
     def release(self, blocks: Iterable[KVBlock]) -> None:
-        """Drop one reference from each, in the order given; at 0 it joins the queue's end.
-
-        Callers pass a request's blocks tail first, so its chain is evicted from the end
-        and a later prefix hit still finds the chain's beginning.
-        """
+        """Drop one reference from each, in order; at 0 it joins the queue's end. Callers pass blocks
+        tail first, so a chain is evicted from its end."""
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"release of an unreferenced {block!r}")
@@ -96,9 +87,8 @@ class BlockPool:
         return True
 
     def reset_cache(self) -> int:
-        """Forget every cached prefix (held blocks keep their contents but are no longer
-        findable); returns how many hashes were dropped. Safe while requests run: nobody
-        reads a block through the hash table after admission."""
+        """Forget every cached prefix, returning how many; safe while requests run (the hash table
+        is read only at admission)."""
         num_dropped = len(self.cached_blocks)
         for block in self.cached_blocks.values():
             block.block_hash = None

@@ -1,18 +1,10 @@
-"""One request's block table: its blocks in logical order, how many token slots it uses,
-and (with prefix caching) the chained hashes of the full blocks whose tokens it knows.
-
-Token ids reach the kvstore as diffs: all of them when a request is admitted, then each
-step the tokens that step computes (a decode's one token). add_known_tokens() hashes a
-block the moment its known tokens fill it, once, so blocks of generated tokens are
-shareable too and a preempted request's recompute is mostly a hit.
+"""One request's block table: blocks in logical order, token slots used, and the chained hashes
+of its known full blocks (hashed as token diffs fill them, so generated blocks are shareable).
 
 Invariants (BlockManager.check_integrity):
-- len(blocks) == ceil(num_tokens / block_size): a new block only when the last one is full;
-- blocks[:num_hashed_blocks] have been offered to the pool's hash table, and
-  num_hashed_blocks <= min(num_tokens // block_size, len(block_hashes)): only full blocks
-  whose tokens are known are ever hashed, so a partial last block is never shared;
-- a partial last block is shared only between fresh forks (is_fresh_fork): the first
-  grant to a fork copies it on write, so nobody ever writes into a block another reads.
+- len(blocks) == ceil(num_tokens / block_size);
+- num_hashed_blocks <= min(num_tokens // block_size, len(block_hashes)): only full known blocks
+  are hashed, so a partial last block is shared only between fresh forks, copied on first write.
 """
 
 from __future__ import annotations
@@ -46,8 +38,7 @@ class BlockTable:
         return len(self.block_hashes) * block_size + len(self.tail_token_ids or ())
 
     def add_known_tokens(self, start: int, token_ids: list[int], block_size: int) -> None:
-        """token_ids sit at positions start, start + 1, ...; those past the known ones are
-        appended and every block they fill is hashed. A gap stops tracking for good."""
+        """token_ids at positions start, ...: new ones appended, filled blocks hashed; a gap stops it."""
         if self.tail_token_ids is None or not token_ids:
             return
         known = self.num_known_tokens(block_size)
@@ -61,8 +52,7 @@ class BlockTable:
             del self.tail_token_ids[:block_size]
 
     def fork(self) -> BlockTable:
-        """A copy for a forked child: same blocks (the caller adds the references), same
-        known tokens, fresh."""
+        """A fresh copy for a forked child (the caller adds the block references)."""
         tail = list(self.tail_token_ids) if self.tail_token_ids is not None else None
         return BlockTable(list(self.blocks), self.num_tokens, list(self.block_hashes), self.num_hashed_blocks,
                           self.root, tail, is_fresh_fork=True)

@@ -1,12 +1,8 @@
 """The free queue: a doubly linked list of free blocks, least recently freed first.
 
-Like vLLM v1's FreeKVCacheBlockQueue: O(1) popleft (allocate the block that has been free
-longest, evicting its cached prefix if it had one), O(1) append (a freed block goes to the
-end) and O(1) remove from the middle (a prefix-cache hit revives a free cached block).
-A deque cannot remove from the middle in O(1); the links live in the blocks themselves.
-
-Invariants: two sentinels bracket the list; a real block is in the queue exactly when its
-prev_free is not None; num_free counts the real blocks between the sentinels.
+O(1) popleft, append and remove from the middle (a prefix hit revives a free cached block),
+hence links in the blocks rather than a deque. Invariants: two sentinels bracket the list; a
+block is queued exactly when prev_free is not None; num_free counts the blocks between.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Admission control, the scheduler's half: the waiting queue against its bounds, and the
-policy's answer per tenant, published in the stats blob for the api to enforce.
-
-The api must refuse (429) before it opens any stream, so it cannot wait for the
-scheduler's verdict on each request: it reads this table (refreshed every stats write,
-~20 times a second while busy) and answers from it. The bound is therefore approximate by
-what the apis admit in one refresh; the scheduler never refuses a request it was sent
-(a refusal there would reach a client as an abort after its stream opened).
-
-Table on the wire (msgpack): {"admits": bool for a tenant with nothing waiting,
-"tenants": [[tenant, bool], ...] only where a waiting tenant's answer differs,
-"num_waiting", "num_waiting_tokens", "max_waiting_requests", "max_waiting_tokens"}.
+"""Admission control, the scheduler's half: the policy's answer per tenant, published in the
+stats blob. The api refuses (429) from it before opening a stream, so the bound is approximate
+by one refresh; the scheduler never refuses a request it was sent.
+Table: {"admits": bool for a tenant with nothing waiting, "tenants": [[tenant, bool], ...] where
+it differs, "num_waiting", "num_waiting_tokens", "max_waiting_requests", "max_waiting_tokens"}.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ from services.scheduler.request import Request
 
 def queue_stats(waiting: list[Request], max_waiting_requests: int | None,
                 max_waiting_tokens: int | None) -> QueueStats:
-    """Waiting tokens count what each request may still cost: prompt (or all tokens
-    known, after a preemption) plus its max_tokens left."""
+    """What each waiting request may still cost: its known tokens plus its max_tokens left."""
     counts: defaultdict[str | None, list[int]] = defaultdict(lambda: [0, 0])
     total_tokens = 0
     for request in waiting:

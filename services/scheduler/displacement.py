@@ -1,8 +1,4 @@
-"""Which running requests a step displaces to make room for more important waiting ones.
-
-Pure: it reads the queues and the policy and names the victims; the scheduler preempts
-them and frees their blocks in the same AllocRequest that offers their displacers.
-"""
+"""Which running requests a step displaces for more important waiting ones (pure: names victims)."""
 
 from __future__ import annotations
 
@@ -12,12 +8,9 @@ from services.scheduler.request import Request
 
 def pick_displaced(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],
                    max_num_seqs: int, token_budget: int, refused_ids: set[str]) -> list[Request]:
-    """Waiting requests, in the policy's order, that need room (no free sequence slot, or
-    the pool refused them last step: refused_ids) take the place of the tail of the
-    running order where policy.may_displace allows. The first that may not stops it (head
-    of line: the rest are less important). Only while the step's token budget, after
-    every remaining decode, leaves the displacer a token. Victims in the order they were
-    taken, from the tail of the running order."""
+    """Waiting requests needing room (no free slot, or in refused_ids) take the running tail's place
+    where policy.may_displace allows and the budget after every decode leaves them a token; the
+    first refusal stops it (head of line). Victims in the order taken."""
     survivors = list(running)
     planned: list[Request] = []  # waiting requests this step will offer
     num_free_seqs = max_num_seqs - len(running)

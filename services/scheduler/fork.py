@@ -1,17 +1,11 @@
 """Parallel sampling (n > 1) in the scheduler: one prefill, then n children share its blocks.
 
-A request with sampling.n > 1 is a fork parent: it is scheduled like any request but
-computes only up to its last prompt token (Request.num_tokens_to_compute) and never
-samples. Its n children (names and seeds from shared/parallel_sampling.py) exist from the
-start, so each can be aborted on its own, but are held here, in no queue, until the
-parent's prefill is done. Then fork() turns the parent into its live children: they take
-its place among the running requests with its computed tokens, the next AllocRequest
-carries the Fork (the kvstore hands each child the parent's blocks, copying the partial
-last one on write), and each child's first step computes the last prompt token and
-samples. A parent preempted before that recomputes like any request (prefix hits).
-
-Invariants: a held child is WAITING with nothing computed and is in the scheduler's
-request table but in no queue; a parent with no live child left is aborted.
+A fork parent (sampling.n > 1) computes up to its last prompt token and never samples. Its
+children (shared/parallel_sampling.py) are held here until that prefill is done; fork() then
+puts them in its running place, the next AllocRequest carries the Fork (the kvstore shares
+the parent's blocks, copy-on-write), and each child computes the last prompt token and samples.
+Invariants: a held child is WAITING, nothing computed, in the request table but no queue; a
+parent with no live child left is aborted.
 """
 
 from __future__ import annotations
@@ -63,8 +57,7 @@ class ForkGroups:
         return request.is_fork_parent and request.num_computed_tokens >= request.num_tokens_to_compute
 
     def fork(self, parent: Request) -> list[Request]:
-        """The parent's live children, now RUNNING from where it stopped; the Fork goes
-        out with the next AllocRequest. The caller replaces the parent by them."""
+        """The parent's live children, RUNNING from where it stopped; the caller replaces the parent."""
         children = self.drop(parent.request_id)
         for child in children:
             child.status = RequestStatus.RUNNING

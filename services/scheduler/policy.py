@@ -1,27 +1,12 @@
-"""The scheduling policy: which requests matter most. It only orders and answers; it never
-mutates a request or a queue.
+"""The scheduling policy: orders requests and answers questions; never mutates them.
 
-Policies are plugins found through the entry-point group `pagedserve.policies` (see
-services.scheduler.policies.registry); the built-ins are registered there exactly like
-third-party ones. A policy is built as `cls(**options)` and must refuse an unknown option
-with PolicyError naming it.
-
-The scheduler asks, once per step and between steps only:
-- order_waiting(waiting, running): waiting (new or preempted) requests are offered for
-  admission in this order while the running limit and the token budget allow;
-- order_running(running): running requests get token budget in this order, and the
-  kvstore, when its pool runs dry, preempts from the tail of this order (least important
-  first), so the policy decides the victims by ordering;
-- may_displace(candidate, victim, running): whether a waiting request may preempt a
-  running one to take its place, when no sequence slot is free or the pool refused the
-  candidate last step. The victim is always the tail of order_running. A policy that
-  allows it must make it asymmetric (if a may displace b, b may not displace a at once),
-  or two requests would trade places every step;
-- admits(tenant, queue): admission control, whether one more request of this tenant may
-  join the waiting queue (the api asks before it opens any stream; see admission.py).
-
-A policy returns new lists; it may leave requests out, and those are not scheduled this
-step. It must not keep references to requests between calls (ids and numbers are fine).
+Plugins of the entry-point group `pagedserve.policies` (policies/registry.py), built as
+`cls(**options)`; an unknown option raises PolicyError naming it. Asked once per step:
+- order_waiting: admission order; order_running: budget order, preempted from the tail;
+- may_displace(candidate, victim = tail of order_running): must be asymmetric, or two
+  requests would trade places every step;
+- admits(tenant, queue): may one more request of this tenant wait (admission.py).
+Returns new lists (left-out requests are not scheduled this step); keeps no request references.
 """
 
 from __future__ import annotations
@@ -108,8 +93,7 @@ def take_options(policy: str, options: dict, defaults: dict[str, float]) -> dict
 
 
 def __getattr__(name: str):
-    # FCFSPolicy lives in policies/fcfs.py; this keeps `from services.scheduler.policy
-    # import FCFSPolicy` working without an import cycle.
+    # lazy re-export of policies/fcfs.py's FCFSPolicy, avoiding an import cycle
     if name == "FCFSPolicy":
         from services.scheduler.policies.fcfs import FCFSPolicy
 

@@ -1,21 +1,11 @@
 """One generation request as the scheduler sees it: token counters and a status.
 
-Counters, not phases. A request knows `num_tokens` (prompt + generated) and
-`num_computed_tokens` (tokens whose KV is in the pool). While
-num_computed_tokens < num_tokens - 1 it is prefilling (possibly in chunks); a decode is the
-case num_computed_tokens == num_tokens - 1. num_computed_tokens also counts the tokens of
-steps in flight (advanced when the step is planned), so a scheduler that plans step N+1
-before step N's result (async scheduling) does not compute them twice. Such a step samples
-a token whose id is not known yet: num_pending_tokens counts those, and num_tokens does not
-include them. Invariant for a RUNNING request between steps with nothing in flight:
-0 <= num_computed_tokens < num_tokens_to_compute, so it always wants at least one token.
-
-A fork parent (sampling.n > 1, see services/scheduler/fork.py) computes all but its last
-prompt token and never samples; its n children then share those blocks and each computes
-the last prompt token itself, then samples with its own seed.
-
-A Request holds plain data only (no reference to the scheduler or any queue), so a finished
-request is freed by reference counting alone, without waiting for the cycle collector.
+Counters, not phases: `num_tokens` (prompt + generated) and `num_computed_tokens` (KV in the
+pool, including steps in flight, so async scheduling never computes a token twice). Prefill
+while num_computed_tokens < num_tokens - 1, decode at num_tokens - 1. Tokens sampled by steps
+in flight are num_pending_tokens, not in num_tokens. Invariant, RUNNING with nothing in flight:
+0 <= num_computed_tokens < num_tokens_to_compute. A fork parent (fork.py) stops before its last
+prompt token and never samples. Plain data only (no back-references): freed by refcounting.
 """
 
 from __future__ import annotations
@@ -97,14 +87,11 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        """How far its computation goes: every token, pending ones too, but a fork parent
-        stops before its last prompt token (each child computes that one)."""
+        """Every token, pending ones too; a fork parent stops before its last prompt token."""
         return self.num_tokens - 1 if self.is_fork_parent else self.num_tokens + self.num_pending_tokens
 
     def num_tokens_wanted(self, max_model_len: int) -> int:
-        """Tokens a step could compute for it now: 0 while everything is in flight, or
-        when the pending tokens already reach max_tokens or max_model_len (only their
-        results are awaited)."""
+        """Tokens a step could compute now: 0 while all is in flight or pending tokens hit a limit."""
         if self.num_pending_tokens and (
                 self.num_output_tokens + self.num_pending_tokens >= self.sampling.max_tokens
                 or self.num_tokens + self.num_pending_tokens >= max_model_len):
@@ -134,10 +121,7 @@ class Request:
     # ---- transitions (the scheduler moves the request between its queues) ------------
 
     def admit(self, num_cached_tokens: int) -> None:
-        """WAITING/PREEMPTED -> RUNNING, starting after its prefix-cache hit.
-
-        At least the last token is always computed, so the step that reaches it samples.
-        """
+        """WAITING/PREEMPTED -> RUNNING after its prefix-cache hit; the last token is always computed."""
         self.num_computed_tokens = min(num_cached_tokens, self.num_tokens - 1)
         self.num_kv_known_tokens = self.num_tokens_to_compute  # a waiting candidate sends them all
         if self.status is RequestStatus.WAITING:
@@ -154,11 +138,8 @@ class Request:
         self.is_fresh_fork = False
 
     def stop_status(self, max_model_len: int) -> RequestStatus | None:
-        """The finished status the last sampled token puts this request in, or None.
-
-        Checked in this order: EOS (unless ignore_eos), a stop token id, max_tokens,
-        max_model_len. The stopping token itself stays in output_token_ids.
-        """
+        """The finished status after the last sampled token, or None: EOS (unless ignore_eos), stop
+        token, max_tokens, max_model_len, in that order; the stopping token stays in the output."""
         if not self.output_token_ids:
             return None
         last_token_id = self.output_token_ids[-1]

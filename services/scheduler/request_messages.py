@@ -1,8 +1,4 @@
-"""What the scheduler tells its neighbours about one request, built from the request.
-
-Every list handed out is a new list: in-process the worker and the api may keep or mutate
-what they receive, and the request must not change under them (nor they under it).
-"""
+"""What the scheduler tells its neighbours about one request; every list handed out is a copy."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""The built-in scheduling policies, each registered under the entry-point group
-`pagedserve.policies` in pyproject.toml exactly as a third-party plugin would be."""
+"""The built-in scheduling policies, registered like plugins (entry points in pyproject.toml)."""

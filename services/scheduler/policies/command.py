@@ -1,5 +1,4 @@
-"""`pagedserve policies`: list the scheduling policies installed (entry-point group
-pagedserve.policies), built-in and third-party alike. Loads no model and no torch."""
+"""`pagedserve policies`: list the installed scheduling policies (no model, no torch)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """fair: a fair share of running slots and KV blocks per tenant.
 
-The tenant is the request's `tenant` (the api takes it from the request's `user` field or
-its API key). Shares are recomputed every step from what is running, so nothing is kept:
-- waiting order: round robin over tenants, the tenant with fewest running requests first:
-  the i-th waiting request (by arrival) of a tenant running s requests has key s + i,
-  ties by arrival. A tenant flooding the queue only lengthens its own line;
-- running order (the kvstore preempts from its tail): by the KV tokens the tenant holds
-  up to and including this request (its requests by arrival), so the first victim is the
+Stateless, recomputed each step from what runs (tenant: `user` field or API key):
+- waiting: the i-th waiting request of a tenant running s has key s + i, ties by arrival;
+- running: by the KV tokens its tenant holds up to this request, so the first victim is the
   latest request of the tenant holding the most KV;
-- displacement: a waiting request may displace a running one when its tenant, after the
-  swap, still runs fewer requests than the victim's tenant does now minus one
-  (s_candidate + 1 < s_victim): the swap narrows the gap and can never be reversed at once;
-- admission: past the queue bound, a tenant below its fair share of the bound
-  (bound / tenants waiting, a newcomer counted) is still admitted, so a flood that fills
-  the queue cannot lock another tenant out. The queue then stays below twice its bound.
+- displace when s_candidate + 1 < s_victim (narrows the gap, never reversed at once);
+- admission past the queue bound: a tenant below bound / waiting tenants is still admitted
+  (the queue stays below twice its bound).
 """
 
 from __future__ import annotations

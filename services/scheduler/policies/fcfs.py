@@ -1,5 +1,4 @@
-"""fcfs: first come, first served. Earliest arrival first, ties by arrival order; the
-latest arrival is preempted first; it never displaces a running request."""
+"""fcfs: earliest arrival first, latest preempted first; never displaces a running request."""
 
 from __future__ import annotations
 

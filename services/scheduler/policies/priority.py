@@ -1,10 +1,5 @@
-"""priority: the request's `priority` field, higher first; ties by arrival.
-
-A waiting request may displace a running one of strictly lower priority, also when the
-running limit is reached (the victim is the latest arrival of the lowest priority running).
-Strictly lower, so two requests of equal priority never trade places (no ping-pong), and
-a displaced request cannot displace its displacer back.
-"""
+"""priority: higher `priority` first, ties by arrival. A waiting request displaces a running one
+of strictly lower priority (strictly: no ping-pong between equals or back)."""
 
 from __future__ import annotations
 

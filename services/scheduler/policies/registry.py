@@ -1,9 +1,5 @@
-"""Finding policies: the entry-point group `pagedserve.policies`, and nothing else.
-
-The built-ins are registered in pyproject.toml exactly like a third-party package's
-policies, so `pagedserve policies` lists both the same way, and a name resolves to an
-installed entry point or fails (PolicyError naming it and what is installed).
-"""
+"""Finding policies: the entry-point group `pagedserve.policies` only (built-ins included); an
+unknown name raises PolicyError naming what is installed."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def installed_policies() -> list[InstalledPolicy]:
 
 
 def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
-    """An instance of the installed policy `name` built with `options`; PolicyError if the
-    name is not installed, its class cannot be loaded, or it refuses the options."""
+    """The installed policy `name` built with `options`, else PolicyError."""
     eps = _entry_points()
     if name not in eps:
         raise PolicyError(f"no policy {name!r} installed (installed: {sorted(eps)})")
@@ -57,8 +52,7 @@ def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
 
 
 def configured_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
-    """load_policy at start from config: ConfigError naming the field ('policy', or
-    'policy_options' when they are not a dict) instead of PolicyError."""
+    """load_policy from config, raising ConfigError naming 'policy' or 'policy_options'."""
     if options is not None and not isinstance(options, dict):
         raise ConfigError(f"invalid config field 'policy_options'={options!r}: must be a JSON object")
     try:

@@ -1,16 +1,8 @@
 """sjf: shortest expected work first, with aging so nothing starves.
 
-Expected work of a request = tokens it still has to compute (prompt not yet in the pool,
-or all of it again after a preemption) + tokens it may still generate (max_tokens left).
-A waiting request's key is its expected work minus `aging` tokens for every step it has
-waited, so a long request's key falls below any newcomer's after
-(its work - the shortest possible work) / aging steps: it cannot starve. Running requests
-are ordered by expected work alone: the one with the most work left is preempted first.
-SJF never displaces a running request (only slots freed by finished ones are handed out).
-
-The only state is a step counter and the step each waiting request id was first seen at
-(ids, not requests); a request that leaves the waiting queue is forgotten, so a
-preempted one ages afresh.
+Expected work = tokens still to compute + max_tokens left. Waiting key = work - aging * steps
+waited, so no request starves; running by work alone (most work preempted first); never
+displaces. State: the step each waiting id was first seen (a preempted request ages afresh).
 """
 
 from __future__ import annotations
