@@ -5,9 +5,7 @@
     pagedserve generate "PROMPT"      one answer from the terminal, in-process
     pagedserve healthcheck NAME       exit 0 if that service is alive (container healthchecks)
 
-Each command's module is imported only when that command runs, so `pagedserve --help`
-and the light commands never load torch. Every module has add_arguments(parser) and
-run(args) -> int.
+Modules (add_arguments(parser), run(args) -> int) import lazily: --help never loads torch.
 """
 
 from __future__ import annotations

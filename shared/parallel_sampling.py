@@ -1,11 +1,7 @@
 """Parallel sampling (OpenAI `n` > 1): the names and sampling params of the n sequences.
 
-One SubmitRequest carries n; the scheduler prefills the prompt once (all but its last
-token) and then forks the blocks into n children, which share them and copy the partial
-last block on write. Every service derives the children the same way from here:
-- child i of request R is named f"{R}.{i}" (n == 1: R itself, nothing is forked);
-- child i samples with n=1 and seed + i (no seed: none), as vLLM does, so each child's
-  output equals what a request with that seed alone gives.
+Every service derives the children from here: child i of R is f"{R}.{i}" (n == 1: R itself)
+and samples with n=1 and seed + i (no seed: none), so it equals a lone request with that seed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Redis key and stream names, all under one configurable prefix.
 
-Several stacks and tests share one Redis by choosing different prefixes. Payloads are
-`shared.codec` msgpack blobs stored under the field b"m" of each stream entry.
-
+Stacks and tests share one Redis by prefix. Payloads: codec msgpack under field b"m".
 Flow (one message per step per hop):
   api        --SubmitRequest/AbortRequest--> requests          (group "scheduler")
   scheduler  --AllocRequest-->               kv_alloc          (group "kvstore")

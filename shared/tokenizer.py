@@ -1,11 +1,8 @@
 """The model's tokenizer: text <-> token ids and the chat template, for api and tests.
 
-Wraps a transformers tokenizer loaded from the same source as the weights (a GGUF file or
-an HF directory). Building a tokenizer from a GGUF header takes seconds, so the first load
-saves the result (tokenizer.json, tokenizer_config.json, chat template) under
-$PAGEDSERVE_CACHE_DIR (default ~/.cache/pagedserve)/tokenizers/<key>, the key being the
-GGUF file's real path, size and mtime; later loads read that in a fraction of a second.
-A cache that cannot be written is skipped, never an error.
+A GGUF header's tokenizer is slow to build, so it is cached under
+$PAGEDSERVE_CACHE_DIR (default ~/.cache/pagedserve)/tokenizers/<real path, size, mtime>;
+an unwritable cache is skipped, never an error.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ class Tokenizer:
         self.eos_token_ids: list[int] = eos  # the tokenizer's eos first, then generation_config's
         self.bos_token_id: int | None = hf_tokenizer.bos_token_id
         self.vocab_size: int = len(hf_tokenizer)  # includes added special tokens
-        # decode straight through the Rust tokenizer where the HF wrapper would add nothing
-        # but Python overhead (about 2/3 of a short decode's time; the api decodes per token)
+        # decode through the Rust tokenizer: the HF wrapper adds only Python overhead per token
         backend = getattr(hf_tokenizer, "backend_tokenizer", None) if getattr(hf_tokenizer, "is_fast", False) else None
         self._backend = backend if backend is not None and not hf_tokenizer.clean_up_tokenization_spaces else None
 
@@ -51,8 +47,7 @@ class Tokenizer:
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:
-    """The tokenizer of a model name or path (see shared.model_source); loaded once per
-    process per resolved path, so every alias of a model shares one Tokenizer."""
+    """The tokenizer of a model name or path, one per process per resolved path."""
     return _load_resolved(resolve_model(name_or_path))
 
 

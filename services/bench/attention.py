@@ -3,18 +3,10 @@
     pagedserve bench attention [--threads N] [--repeat N]
     (or python -m services.bench.attention ...)
 
-For the real model's attention shape (9 query heads, 3 KV heads, head_dim 64, block_size 16)
-it times one layer's TorchPagedBackend.attend over a pool with randomly permuted blocks against
-dense scaled_dot_product_attention on contiguous K/V of the same lengths, in fp32 and bf16:
-- decode: 64 requests, one new token each, contexts uniform in 64..800;
-- prefill: one 512-token chunk, without and with 512 cached tokens;
-- mixed: the 64 decodes plus the 512-token prefill in one step.
-Dense decodes come two ways: "padded", one SDPA over a [64, Hkv, 800, D] cache with a key mask
-(how a non-paged batched server holds it), and "exact", one SDPA per request on exactly its
-context (no padding, a call each). Also: paged decodes in a single bucket (padded to the
-longest), write_kv for the step, and the per-step plan that all layers share.
-Timings interleave the variants round by round and report min / median of --repeat rounds:
-on a shared machine the min is the better estimate of the uncontended cost.
+One layer of TorchPagedBackend.attend (SmolLM2 shape, randomly permuted blocks) against dense
+SDPA on contiguous K/V ("padded" [64, Hkv, 800, D] with a mask, "exact" one call per request),
+fp32 and bf16: 64 decodes (contexts 64..800), a 512-token prefill (0 or 512 cached), both mixed.
+Variants interleave round by round; min / median of --repeat rounds (min: uncontended cost).
 """
 
 from __future__ import annotations
@@ -36,8 +28,7 @@ GROUP = NUM_HEADS // NUM_KV_HEADS
 
 
 def timed(fns: list, repeat: int) -> list[tuple[float, float]]:
-    """(min, median) milliseconds of each fn, after two warm-up runs, the fns interleaved
-    round by round so that load from other processes hits all of them alike."""
+    """(min, median) ms of each fn after two warm-ups, interleaved so outside load hits all alike."""
     for fn in fns:
         fn()
         fn()

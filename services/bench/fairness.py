@@ -4,14 +4,9 @@ floods the queue, under fcfs and under fair, in one run against one stack.
     pagedserve bench fairness                       # launches `pagedserve up` itself
     pagedserve bench fairness --url http://127.0.0.1:8000
 
-Phases, in this order, on the same stack (the policy swapped through POST /admin/policy):
-1. alone: B sends --b-requests requests, one every --b-interval seconds, nothing else runs;
-2. for each of fcfs and fair: A sends --flood requests at once (each its own streaming
-   connection), and once they are queued B sends as in 1; when B is done, A's requests
-   still open are dropped (the api aborts them) and the stack is let drain.
-Tenants are the requests' `user` field. Every request streams (SSE), greedy, ignore_eos;
-TTFT is measured on the client from send to the first non-empty text chunk. The stack
-needs a running limit (--max-num-seqs) well below --flood, or no queue forms.
+Phases (policy swapped via POST /admin/policy): B alone, then per policy A floods --flood
+requests and B sends as before; A's leftovers are dropped. Tenants: the `user` field. TTFT:
+send -> first text chunk, client side. Needs --max-num-seqs well below --flood.
 """
 
 from __future__ import annotations

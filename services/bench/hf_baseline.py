@@ -1,8 +1,7 @@
 """Baseline: HF transformers `generate` with static batches on the same requests.
 
-Requests run in arrival order in fixed batches of `batch_size`, prompts left-padded; a
-batch runs until its longest max_tokens (greedy, EOS ignored). Only each request's own
-max_tokens count as generated tokens, so the figures compare with the engine's.
+Fixed batches in arrival order, left-padded, run to the longest max_tokens; only each
+request's own max_tokens count, so figures compare with the engine's.
 """
 
 from __future__ import annotations

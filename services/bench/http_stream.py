@@ -1,14 +1,8 @@
 """One streaming HTTP/1.1 POST, read as server-sent events with as little client CPU as can be.
 
-The load generator shares the machine with the server it measures: on two cores, every
-microsecond the client spends per streamed chunk is taken from the server (httpx through
-httpcore, h11 and anyio measured about 190 us of CPU per chunk; this reader, an asyncio
-Protocol that parses in data_received, about 30). So `bench serve` reads plain-http URLs
-with it and keeps httpx for https.
-
-Supported: a Content-Length request body; a response with chunked transfer coding, a
-Content-Length, or a body ended by the connection closing. Every `data:` line (SSE) is
-handed to `on_data(payload, t)` as it arrives, t being time.perf_counter() at its arrival.
+The client shares the CPU with the server it measures, so plain http avoids httpx's per-chunk
+cost. Responses: chunked, Content-Length or close-delimited; each `data:` line goes to
+on_data(payload, time.perf_counter() at arrival).
 """
 
 from __future__ import annotations
@@ -122,8 +116,7 @@ class _SSEProtocol(asyncio.Protocol):
 
 async def post_sse(url: str, body: bytes, headers: dict[str, str],
                    on_data: Callable[[bytes, float], None]) -> tuple[int, bytes]:
-    """POST body (JSON) to an http:// url and stream the answer's `data:` lines to on_data.
-    Returns (status, body of a non-200 answer); StreamError when the exchange fails."""
+    """POST JSON to an http:// url, streaming `data:` lines to on_data -> (status, non-200 body)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"post_sse reads http:// URLs only, not {url!r}")

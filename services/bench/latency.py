@@ -3,12 +3,9 @@
     pagedserve bench latency [--prompt-len 256] [--output-len 128] [--repeat 5]
     pagedserve bench latency --url http://127.0.0.1:8000     (or --launch: through the stack)
 
-In-process by default: a lone prompt of --prompt-len random token ids (drawn like the
-project's workloads), greedy with ignore_eos for --output-len tokens, --repeat times (the
-prefix cache is off in-process, so every run prefills in full; a server gets a fresh prompt
-per run for the same reason). TTFT is submit -> first token, per-token time is the mean gap
-between later tokens. Reported as min and median over the runs: on a shared machine the min
-is the better estimate of the uncontended cost.
+A lone random prompt, greedy with ignore_eos, --repeat times, each run prefilling in full (no
+prefix cache in-process, a fresh prompt per server run). TTFT: submit -> first token; per-token:
+mean later gap. Min (uncontended cost) and median over runs.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import time
 from services.bench.report import print_table
 from services.bench.workloads import BenchRequest
 
-VOCAB_LO, VOCAB_HI = 100, 49152 - 100  # as ../shared/bench/workload.py
+VOCAB_LO, VOCAB_HI = 100, 49152 - 100  # SmolLM2 ids, clear of special tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,8 @@
 """`pagedserve bench profile`: where an in-process step's time goes.
 
-Puts the workload's requests into the engine, runs --skip-steps steps unprofiled (by
-default past random-64's prefill), then profiles --steps steps with torch.profiler and
-prints the top items by self CPU time per step. The C++ kernels (cpu_extensions) are not
-torch ops: each of their calls is wrapped in a record_function range named after it
-(kernel.paged_decode_attention, fused.silu_and_mul, gemv.linear_q4, ...) so they are listed too. What no
-row covers is Python between the ops ("unaccounted").
+Skips --skip-steps steps, profiles --steps with torch.profiler, prints the top self-CPU items
+per step. C++ kernel calls get record_function ranges (e.g. gemv.linear_q4); "unaccounted" is
+Python between ops.
 """
 
 from __future__ import annotations

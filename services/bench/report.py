@@ -1,9 +1,7 @@
 """Summaries and tables shared by the benchmarks: latency percentiles, a results table.
 
-A result is a flat dict; the keys every benchmark writes: system, wall_s, num_requests,
-output_tokens, prompt_tokens, output_tok_s, total_tok_s, request_s. The serve benchmark
-adds latency summaries as `<name>_<stat>_ms` (name in ttft, tpot, itl, e2e; stat in mean,
-p50, p90, p99).
+A result is a flat dict (system, wall_s, num_requests, output_tokens, prompt_tokens,
+output_tok_s, total_tok_s, request_s; serve adds `<ttft|tpot|itl|e2e>_<mean|p50|p90|p99>_ms`).
 """
 
 from __future__ import annotations

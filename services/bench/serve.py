@@ -3,15 +3,9 @@
     pagedserve bench serve --url http://127.0.0.1:8000 --workload random-64
     pagedserve bench serve --launch --workload random-64 --baseline inprocess
 
---url measures whatever serves there (pagedserve, or a peer such as vLLM: the same
-command, the same workload). --launch starts `pagedserve up` itself (REDIS_URL if set,
-else an embedded Redis; its own key prefix and a free port), measures it, stops it, and
-then runs the baseline, if any, on a quiet machine: `inprocess` is the in-process engine
-(the price of the services and Redis hops), `hf` HF transformers' static batching.
-
-While the load runs, /metrics is scraped for `pagedserve:kv_cache_usage_perc` (peak KV
-usage) and the prefix-cache counters (hit rate over the run); a server without them (a
-peer) gets '-' there.
+--url measures any server (pagedserve or a peer); --launch starts `pagedserve up` (own prefix,
+free port), measures, stops it, then runs --baseline on a quiet machine (inprocess, hf).
+/metrics gives peak KV usage and prefix hit rate ('-' for a server without them).
 """
 
 from __future__ import annotations

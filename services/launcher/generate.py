@@ -1,9 +1,5 @@
-"""`pagedserve generate "PROMPT"`: answer one prompt from the terminal with the in-process
-Engine (no Redis, no services), printing the text token by token as it is sampled.
-
-The prompt goes through the model's chat template unless --no-chat. Text is streamed by
-decoding all tokens so far and printing what is new, holding back a trailing U+FFFD (a
-UTF-8 character whose bytes span several tokens) until it completes.
+"""`pagedserve generate "PROMPT"`: one answer from the in-process Engine, streamed to the
+terminal (chat template unless --no-chat; a trailing U+FFFD is held back until complete).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""`pagedserve healthcheck NAME`: exit 0 if that service is alive, 1 if not (for container
-healthchecks; one line on stdout either way).
-
-scheduler, kvstore: their heartbeat key exists under the prefix. worker: the heartbeat of
---worker-id, or of any worker when none is given. api: GET --url (default
-http://127.0.0.1:8000/health) answers 200.
+"""`pagedserve healthcheck NAME`: exit 0 if alive, else 1. Services: their heartbeat key (worker:
+--worker-id, or any); api: GET --url answers 200.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Child processes for `pagedserve up`: start each in its own process group, forward its
-output line by line with a name tag (keeping the last lines for a failure report), notice
-when one dies, and stop them all: SIGTERM to each group, SIGKILL after a grace period.
-
-Each child runs in a process group of its own so a terminal's Ctrl-C reaches only the
-supervisor, which then stops the children in order. On Linux each child also gets
-PR_SET_PDEATHSIG, so it is sent SIGTERM if the supervisor itself is killed outright.
+"""Child processes for `pagedserve up`, each in its own process group (Ctrl-C reaches only the
+supervisor, which stops them in order) with PR_SET_PDEATHSIG; output forwarded with a name tag.
 """
 
 from __future__ import annotations
@@ -108,9 +103,8 @@ class Supervisor:
         return next((c for c in self.children if c.returncode() is not None), None)
 
     def stop_all(self, grace_s: float = 15.0, force: threading.Event | None = None, last: Child | None = None) -> None:
-        """SIGTERM every child (last started first), wait up to `grace_s` for all of them
-        (less if `force` gets set), then SIGKILL what is left. `last` (the Redis the others
-        talk to) is stopped only after all the others are gone."""
+        """SIGTERM every child (last started first), SIGKILL after `grace_s` (less once `force` is
+        set); `last` (Redis) only after the others are gone."""
         self._stop(
             [c for c in reversed(self.children) if c is not last], grace_s, force)
         if last is not None:
