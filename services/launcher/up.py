@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="fcfs", help="scheduling policy (`pagedserve policies`; default fcfs)")
     parser.add_argument("--policy-options", default="{}", help="the policy's options as a JSON object")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most requests running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="token budget of one step, prefill chunks and decodes together (default 2048)")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                        help="most tokens one prompt prefills per step (0: no cap; default 256)")
     parser.add_argument("--stream-interval", type=int, default=None,
                         help="stream each request's tokens every N tokens, first and last at once (default 1)")
     for name, what in (("--max-waiting-requests", "waiting requests"), ("--max-waiting-tokens", "waiting tokens")):
@@ -73,10 +77,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.ready_timeout <= 0:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
-    for option in ("max_num_seqs", "stream_interval", "max_waiting_requests", "max_waiting_tokens",
-                   "max_prompt_tokens", "max_output_tokens"):
+    for option in ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "max_waiting_requests",
+                   "max_waiting_tokens", "max_prompt_tokens", "max_output_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
+    threshold = getattr(args, "long_prefill_token_threshold", None)
+    if threshold is not None and threshold < 0:
+        raise ConfigError(f"--long-prefill-token-threshold={threshold}: must be 0 (no cap) or more")
     from services.scheduler.main import load_policy
 
     load_policy(args.policy, args.policy_options)  # not installed, or bad options: fail before starting
@@ -101,7 +108,9 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     scheduler = ["--policy", args.policy, "--policy-options", args.policy_options]
     if not getattr(args, "async_scheduling", True):
         scheduler.append("--no-async-scheduling")
-    for option, extra in (("max_num_seqs", scheduler), ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
+    for option, extra in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
+                          ("long_prefill_token_threshold", scheduler),
+                          ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
                           ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api)):
         if getattr(args, option, None) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]

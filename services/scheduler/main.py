@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="admission: past this many waiting tokens (prompt + max_tokens) the api answers 429")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=256,
+                        help="most tokens one prompt prefills per step, fewer past 2048 tokens of context, "
+                             "so a long prompt leaves room for others (0: no cap; default 256)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="plan the next step while the worker runs the current one (default on)")
     parser.add_argument("--stream-interval", type=int, default=1,
@@ -57,6 +60,9 @@ def _check(args: argparse.Namespace) -> None:
     for field in ("max_waiting_requests", "max_waiting_tokens"):
         if getattr(args, field) is not None and getattr(args, field) < 1:
             raise ConfigError(f"invalid config field {field!r}={getattr(args, field)!r}: at least 1")
+    if args.long_prefill_token_threshold < 0:
+        raise ConfigError(f"invalid config field 'long_prefill_token_threshold'="
+                          f"{args.long_prefill_token_threshold!r}: 0 (no cap) or more")
     if not args.step_timeout > 0:
         raise ConfigError(f"invalid config field 'step_timeout'={args.step_timeout!r}: must be > 0")
 
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             scheduler = Scheduler(policy, max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.max_num_batched_tokens,
+                                  long_prefill_token_threshold=args.long_prefill_token_threshold,
                                   max_waiting_requests=args.max_waiting_requests,
                                   max_waiting_tokens=args.max_waiting_tokens,
                                   max_steps_in_flight=2 if args.async_scheduling else 1,

@@ -76,7 +76,10 @@ class Scheduler:
         max_waiting_tokens: int | None = None,
         max_steps_in_flight: int = 1,
         stream_interval: int = 1,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
+        if long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
         if stream_interval < 1:
@@ -90,6 +93,7 @@ class Scheduler:
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # step.py: 0 = no cap
         self.max_model_len = max_model_len
         self.max_waiting_requests = max_waiting_requests  # admission bounds (None: unbounded)
         self.max_waiting_tokens = max_waiting_tokens
@@ -238,6 +242,7 @@ class Scheduler:
             num_free_seqs=self.max_num_seqs - len(self._running),
             token_budget=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
         )
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],

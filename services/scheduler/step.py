@@ -13,6 +13,14 @@ Candidates keep the policy's order (running first, then waiting) whatever pass g
 their tokens, because the kvstore preempts from the tail of that order.
 Invariant: the sum of num_new_tokens over the candidates is <= token_budget.
 
+Long prompts share the budget (as vLLM's long_prefill_token_threshold): one request's
+prefill chunk is at most `long_prefill_token_threshold` tokens (0: no cap), and fewer as
+its context grows, so that chunk tokens x context end stays <= threshold x
+LONG_PREFILL_CONTEXT. A chunk's attention costs tokens x context, so without the second
+bound a step at 8k context costs several times one at 2k; with it, every step (and so
+the wait of a request that arrives behind a long prompt's steps in flight) stays short,
+and the budget a long prefill leaves goes to the waiting requests in pass 3.
+
 A running request that wants no token now (everything it can compute is in flight, see
 Request.num_tokens_wanted) is no candidate. A running candidate tells the kvstore the
 tokens it has learnt since its last candidate (token_ids from token_ids_start): with a
@@ -34,6 +42,17 @@ from dataclasses import dataclass, field
 from services.scheduler.request import Request
 from shared.messages import AllocCandidate, SampledToken, StepResult
 
+LONG_PREFILL_CONTEXT = 2048  # context up to which a chunk may take the whole threshold
+MIN_PREFILL_CHUNK = 16  # a long prefill always progresses by at least this much (or the threshold)
+
+
+def prefill_chunk_cap(num_computed_tokens: int, threshold: int) -> int | None:
+    """Most tokens one request may prefill this step with num_computed_tokens done; None: no cap."""
+    if threshold <= 0:
+        return None
+    by_context = threshold * LONG_PREFILL_CONTEXT // (num_computed_tokens + threshold)
+    return min(threshold, max(by_context, MIN_PREFILL_CHUNK))
+
 
 @dataclass
 class CandidateStep:
@@ -50,11 +69,16 @@ def build_candidates(
     num_free_seqs: int,
     token_budget: int,
     max_model_len: int,
+    long_prefill_token_threshold: int = 0,
 ) -> CandidateStep:
     """running/waiting: in the policy's order. num_free_seqs: how many more may run."""
     budget_left = token_budget
     wanted = {r.request_id: r.num_tokens_wanted(max_model_len) for r in running}
     running = [r for r in running if wanted[r.request_id] > 0]
+    for request in running:
+        cap = prefill_chunk_cap(request.num_computed_tokens, long_prefill_token_threshold)
+        if cap is not None and wanted[request.request_id] > cap:
+            wanted[request.request_id] = cap
     granted: dict[str, int] = {}
     for request in running:
         if budget_left == 0:
@@ -85,6 +109,9 @@ def build_candidates(
         # a fork parent shows the kvstore only what it computes (all but the last prompt token)
         num_tokens = request.num_tokens_to_compute
         num_new_tokens = min(num_tokens - request.num_computed_tokens, budget_left)
+        cap = prefill_chunk_cap(request.num_computed_tokens, long_prefill_token_threshold)
+        if cap is not None:
+            num_new_tokens = min(num_new_tokens, cap)
         candidate = AllocCandidate(
             request.request_id,
             num_new_tokens,

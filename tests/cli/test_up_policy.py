@@ -28,12 +28,21 @@ def test_policy_and_admission_options_reach_the_scheduler_and_limits_the_api():
     assert "--max-prompt-tokens 512" in api and "--max-output-tokens 64" in api
 
 
+def test_the_token_budget_and_the_long_prefill_threshold_reach_the_scheduler():
+    args = _args("--max-num-batched-tokens", "1024", "--long-prefill-token-threshold", "0")
+    up.check_args(args)
+    scheduler = " ".join(dict(up.service_commands(args, "redis://127.0.0.1:6379/0"))["scheduler"])
+    assert "--max-num-batched-tokens 1024" in scheduler and "--long-prefill-token-threshold 0" in scheduler
+
+
 @pytest.mark.parametrize(("argv", "named"), [
     (["--policy", "nope"], "'policy'"),
     (["--policy", "sjf", "--policy-options", '{"speed": 1}'], "'speed'"),
     (["--policy-options", "[1]"], "'policy_options'"),
     (["--max-waiting-requests", "0"], "--max-waiting-requests"),
     (["--stream-interval", "0"], "--stream-interval"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold"),
 ])
 def test_bad_policy_config_fails_before_start_naming_the_field(argv, named):
     with pytest.raises(ConfigError, match=named):
