@@ -17,12 +17,9 @@
 // the output rounded to nearest-even once at the end. The AVX-512 paths hand requests out
 // longest first, one at a time (WorkQueue); each writes only its own rows of out (or its
 // slice's partials), so threads share nothing but the queue's counter.
-// Memory, not arithmetic, bounds a decode step: a layer's KV (13.8 MB for 128 requests of
-// 144 tokens) is out of cache by the time the layer comes round again, and a request's blocks
-// lie anywhere in the pool. The bf16 path therefore prefetches (into L2) the block two ahead,
-// spread over the PV loop a few lines per token: one burst of a whole block per block stalled
-// on the CPU's miss queue. Measured on a 2-core Zen 4 (128 requests, scattered blocks, 8 pools
-// in turn): 2.4-2.8 -> 1.2 ms per layer at 144 tokens, 4.8-5.2 -> 2.1 ms at 300.
+// Memory bounds a decode step (a layer's KV is out of cache, blocks lie anywhere), so the bf16
+// path prefetches the block two ahead into L2, a few lines per token of the PV loop (a burst
+// per block stalls on the miss queue).
 // Built with -ffast-math so the exp loop vectorises; every value stays finite (kNoScore,
 // not -inf), as fast-math requires.
 #include <torch/extension.h>

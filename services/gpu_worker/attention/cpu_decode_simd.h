@@ -29,9 +29,7 @@ struct Vec16 {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define PAGEDSERVE_DECODE_SIMD 1
-// 8 float lanes (AVX2 + FMA): the same walk on CPUs without AVX-512. 128 requests of 290
-// tokens, scattered blocks, float32, a 2-core Zen 3: 10.3 ms a layer with the portable loop,
-// 4.2 with this one.
+// 8 float lanes (AVX2 + FMA): the same walk on CPUs without AVX-512.
 struct Vec8 {
   using T = __m256;
   static constexpr int kLanes = 8;
@@ -55,9 +53,8 @@ struct Vec8 {
 #if defined(PAGEDSERVE_DECODE_SIMD)
 // The same walk with vector intrinsics (V: Vec16 or Vec8), D = V::kLanes * DV: K/V rows
 // widened a vector at a time, a score is DV fused multiply-adds and one horizontal add, and
-// the PV update is DV broadcast-FMAs per head with the accumulators in L1. (What the
-// portable loop compiles to was measured 2-3x slower: the bf16 widening and the short
-// reductions do not vectorise.)
+// the PV update is DV broadcast-FMAs per head with the accumulators in L1 (the portable
+// loop's bf16 widening and short reductions do not vectorise).
 // DV vectors per row, G query heads per KV head, both compile-time so that a group's query
 // rows and output accumulators (G * DV vectors each) stay in registers for a block (with 16
 // lanes; with 8 some spill to L1).

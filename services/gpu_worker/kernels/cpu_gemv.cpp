@@ -1,7 +1,7 @@
 // y = x @ W^T for a few bf16 rows (a lone request's decode step), streaming the weight once.
 //
-// oneDNN's packed bf16 GEMM is built for many rows; on a CPU with AVX-512 BF16 but no AMX
-// it reads SmolLM2's weights at a third of the memory bandwidth when a step has one row.
+// oneDNN's packed bf16 GEMM is built for many rows and reads the weight far below memory
+// bandwidth at one row on a CPU without AMX.
 // Here the weight is stored once in pairs layout: W [N, K] -> P [N/16, K/2, 16, 2], so one
 // 64-byte load holds 16 outputs' weights for two consecutive k, and vdpbf16ps against the
 // broadcast pair (x[m, k], x[m, k+1]) adds both products into 16 float32 accumulators: no
@@ -147,7 +147,7 @@ void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t 
 // float32 kernel's layout (gguf_blocks.pack_q8_0). x is widened to float32 (exact); per
 // 32-k group and output the products q * x are summed in float32 (even and odd k apart, so
 // FMA latency hides), then y += d * sum, rounded to bf16 once. As for Q4_1, the weights are
-// the GGUF's exact values: SmolLM2's LM head reads 1.06 bytes a weight instead of 2.
+// the GGUF's exact values (1.0625 bytes a weight instead of 2).
 template <int M, int NB>
 inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
                     const uint16_t* ds, int64_t b0) {

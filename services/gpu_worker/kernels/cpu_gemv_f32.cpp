@@ -1,8 +1,7 @@
 // y = x @ W^T for a few float32 rows, W in a GGUF block format (Q4_1 layers, Q8_0 LM head),
 // with AVX2, FMA and F16C: any x86-64 CPU of the last decade. The few-row path of the
-// float32 model, the default dtype where the CPU has no AVX-512 BF16 (there oneDNN's bf16
-// is emulated). MKL's sgemm reads SmolLM2's float32 weights at about 7-14 GB/s at one row;
-// the blocks are 0.625 (Q4_1) and 1.0625 (Q8_0) bytes a weight instead of 4.
+// float32 model, the default dtype where the CPU has no AVX-512 BF16. The blocks are 0.625
+// (Q4_1) and 1.0625 (Q8_0) bytes a weight instead of 4.
 //
 // Numerics: the weights are the GGUF's exact values (d * q + m, d * q: what the loader
 // dequantizes to); q is an exact small integer in float32, products and sums are float32,
