@@ -1,4 +1,4 @@
-"""step(): one batched allocation per scheduler step (ARCHITECTURE.md step 2)."""
+"""step(): one batched allocation per scheduler step."""
 
 import pytest
 
