@@ -1,12 +1,4 @@
-"""`pagedserve bench KIND ...`: one subcommand per benchmark.
-
-throughput: the in-process engine, offline (throughput.py).
-serve: a running server over HTTP, or one it launches (serve.py).
-latency: one request alone, in-process or over HTTP (latency.py).
-attention: paged vs dense attention, one layer (bench/attention.py).
-fairness: one tenant flooding, another trickling, per policy (fairness.py).
-profile: where an in-process step's time goes (profile.py).
-"""
+"""`pagedserve bench KIND ...`: one subcommand per benchmark, each in its own module here."""
 
 from __future__ import annotations
 
