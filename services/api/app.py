@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.api import admin_routes, openai_routes, policy_routes, stream_routes
+from services.api import admin_routes, dashboard_routes, openai_routes, policy_routes, stream_routes
 from services.api.admission import AdmissionGate, RequestLimits
 from services.api.edge import ApiState, AuthMiddleware, error_response
 from services.api.inputs import ModelInfo
@@ -74,6 +74,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     app.include_router(stream_routes.router)
     app.include_router(policy_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(dashboard_routes.router)
     _add_error_handlers(app, metrics)
 
     @app.get("/health")

@@ -198,10 +198,10 @@ class ApiLoop:
 
     # ---- stats and readiness ---------------------------------------------------------
 
-    async def read_stats(self) -> dict[str, dict]:
-        """{"scheduler": {...}, "kvstore": {...}}; a blob missing or unreadable is {}."""
+    async def read_stats(self, names: tuple[str, ...] = ("scheduler", "kvstore")) -> dict[str, dict]:
+        """{"scheduler": {...}, "kvstore": {...}} (or the blobs named); a blob missing or unreadable is {}."""
         out: dict[str, dict] = {}
-        for name in ("scheduler", "kvstore"):
+        for name in names:
             try:
                 value = await redis_io.read_stats(self.redis, self.keys, name)
             except _TRANSIENT as e:

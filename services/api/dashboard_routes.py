@@ -1,0 +1,70 @@
+"""The live dashboard: GET / (a page of links), GET /dashboard (one static HTML file, no
+build step), GET /dashboard/snapshot (what it shows, as JSON) and GET /dashboard/events
+(the same as Server-Sent Events, one snapshot every SNAPSHOT_INTERVAL_S).
+
+Open without the API key, as /metrics is; swapping the policy from the page goes through
+POST /admin/policy, which needs it when one is set. TTFT comes from this api process's
+histogram: with several api replicas each dashboard shows its own replica's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from importlib.metadata import entry_points
+from importlib.resources import files
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from services.api.dashboard_snapshot import build_snapshot
+from services.api.edge import state_of
+from services.api.metrics import PREFIX
+
+router = APIRouter()
+SNAPSHOT_INTERVAL_S = 1.0
+POLICY_GROUP = "pagedserve.policies"
+INDEX = """<!doctype html><html><head><meta charset="utf-8"><title>pagedserve</title></head>
+<body style="font-family: system-ui, sans-serif; margin: 2em">
+<h1>pagedserve</h1><p>An LLM server with a paged KV cache, serving <code>{model}</code>.</p>
+<ul><li><a href="/dashboard">Live dashboard</a>: KV blocks, requests, policy, throughput</li>
+<li><a href="/ready">/ready</a>: 200 once a worker has loaded the model</li>
+<li><a href="/metrics">/metrics</a>: Prometheus</li>
+<li><a href="/v1/models">/v1/models</a>: the OpenAI-compatible API (POST /v1/chat/completions)</li></ul>
+</body></html>"""
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def index(request: Request) -> HTMLResponse:
+    return HTMLResponse(INDEX.format(model=state_of(request).info.served_name))
+
+
+@router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard() -> HTMLResponse:
+    return HTMLResponse(files("services.api.dashboard").joinpath("index.html").read_text(encoding="utf-8"))
+
+
+@router.get("/dashboard/snapshot", include_in_schema=False)
+async def snapshot(request: Request) -> dict:
+    return await _snapshot(request)
+
+
+@router.get("/dashboard/events", include_in_schema=False)
+async def events(request: Request) -> StreamingResponse:
+    async def stream():
+        while not await request.is_disconnected():
+            yield f"data: {json.dumps(await _snapshot(request))}\n\n"
+            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _snapshot(request: Request) -> dict:
+    state = state_of(request)
+    stats = await state.loop.read_stats(("scheduler", "kvstore", "block_map"))
+    registry = state.metrics.registry
+    ttft_sum = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum") or 0.0
+    ttft_count = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count") or 0.0
+    policies = sorted({ep.name for ep in entry_points(group=POLICY_GROUP)})
+    return build_snapshot(stats, ttft_sum, ttft_count, policies, time.time())

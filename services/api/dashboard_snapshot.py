@@ -1,0 +1,42 @@
+"""What the dashboard shows, as one JSON-able map built from the stats blobs: pure, no Redis.
+
+Counters are sent as running totals (generation tokens, TTFT sum and count, prefix-cache
+queries and hits); the page turns deltas between two snapshots into tokens/s, the mean
+TTFT and the hit rate over each interval. Block maps travel base64-encoded, one byte a
+block (services.kvstore.block_map's encoding).
+"""
+
+from __future__ import annotations
+
+import base64
+
+SCHEDULER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total",
+                    "generation_tokens_total", "prompt_tokens_total", "num_finished_total")
+KVSTORE_FIELDS = ("num_blocks", "num_held_blocks", "num_free_blocks", "num_cached_blocks", "num_cached_free_blocks",
+                  "usage", "prefix_caching", "prefix_cache_queries", "prefix_cache_hits", "integrity_ok")
+
+
+def _plain(value):
+    return value if isinstance(value, (int, float, bool, str)) or value is None else None
+
+
+def build_snapshot(stats: dict[str, dict], ttft_sum: float, ttft_count: float, policies: list[str],
+                   now: float) -> dict:
+    """stats: {"scheduler": {...}, "kvstore": {...}, "block_map": {"workers": {id: {...}}}}."""
+    sched, kv = stats.get("scheduler", {}), stats.get("kvstore", {})
+    workers = {}
+    for worker_id, entry in sorted((stats.get("block_map", {}).get("workers") or {}).items()):
+        states = entry.get("states") if isinstance(entry, dict) else None
+        if isinstance(states, bytes):
+            workers[str(worker_id)] = {"num_blocks": len(states), "block_size": _plain(entry.get("block_size")),
+                                       "states": base64.b64encode(states).decode("ascii")}
+    policy = sched.get("policy")
+    return {
+        "time": now,
+        "scheduler": {key: _plain(sched.get(key)) for key in SCHEDULER_FIELDS},
+        "kvstore": {key: _plain(kv.get(key)) for key in KVSTORE_FIELDS},
+        "policy": policy if isinstance(policy, dict) else None,
+        "policies": policies,
+        "ttft": {"sum": ttft_sum, "count": ttft_count},
+        "workers": workers,
+    }

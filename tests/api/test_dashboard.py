@@ -1,0 +1,120 @@
+"""The live dashboard in headless Chromium against a real stack: the page renders, its
+data-metric values move when load runs and when the policy is swapped from the page, and
+a screenshot of it is a real PNG of the page."""
+
+from __future__ import annotations
+
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.api.chromium import Chromium, chromium_path
+from tests.services.conftest import DEFAULT_ARGS, start_backend, wait_for
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(chromium_path() is None,
+                                 reason="Debian's chromium is not installed (scripts/install.sh --test installs it)")]
+NUM_REQUESTS, MAX_TOKENS = 4, 96
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    """The api tests' back-end, its worker named 0 (the map is keyed by worker id)."""
+    stack = start_backend(tmp_path_factory.mktemp("stack"), args={"worker": [*DEFAULT_ARGS["worker"], "--worker-id", "0"]})
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def page(stack_api, tmp_path_factory):
+    browser = Chromium(tmp_path_factory.mktemp("chromium") / "profile")
+    try:
+        browser.navigate(stack_api.base_url + "/dashboard")
+        wait_for(lambda: browser.metrics().get("connection") == "connected"
+                 and browser.metrics().get("kv_blocks_total", "-") != "-", 60, "the dashboard's first snapshot")
+        yield browser
+    finally:
+        browser.close()
+
+
+def _number(text: str) -> float:
+    return float(text.rstrip("%"))
+
+
+def test_index_links_the_dashboard(stack_api):
+    index = httpx.get(stack_api.base_url + "/", timeout=10)
+    assert index.status_code == 200 and 'href="/dashboard"' in index.text
+
+
+def test_page_renders_the_stack_state(page):
+    m = page.metrics()
+    assert m["policy"] == "fcfs"
+    assert m["kv_blocks_total"] == "256"  # the backend's worker: --num-blocks 256
+    assert m["num_workers"] == "1"
+    assert _number(m["kv_blocks_free"]) + _number(m["kv_blocks_cached"]) + _number(m["kv_blocks_in_use"]) \
+        + _number(m["kv_blocks_shared"]) == 256
+    assert page.evaluate("[...document.getElementById('policy-select').options].map(o => o.value)") \
+        == ["fair", "fcfs", "priority", "sjf"]
+
+
+def test_values_move_under_load(page, stack_api):
+    before = page.metrics()
+    seen = {"num_requests_running": 0.0, "kv_blocks_used": 0.0, "tokens_per_s": 0.0}
+
+    def complete(i: int) -> dict:
+        body = {"model": "smollm2", "prompt": f"Request number {i} tells a long story:", "max_tokens": MAX_TOKENS,
+                "temperature": 0, "ignore_eos": True}
+        return httpx.post(stack_api.base_url + "/v1/completions", json=body, timeout=300).json()
+
+    with ThreadPoolExecutor(NUM_REQUESTS) as pool:
+        futures = [pool.submit(complete, i) for i in range(NUM_REQUESTS)]
+        while not all(f.done() for f in futures):
+            m = page.metrics()
+            for name in seen:
+                if m[name] != "-":
+                    seen[name] = max(seen[name], _number(m[name]))
+            time.sleep(0.2)
+        replies = [f.result() for f in futures]
+    assert [r["usage"]["completion_tokens"] for r in replies] == [MAX_TOKENS] * NUM_REQUESTS
+    assert seen["num_requests_running"] >= 1
+    assert seen["kv_blocks_used"] >= 1
+    assert seen["tokens_per_s"] > 0
+    expected = int(before["generation_tokens_total"]) + NUM_REQUESTS * MAX_TOKENS
+    wait_for(lambda: page.metrics()["generation_tokens_total"] == str(expected), 30,
+             f"generation_tokens_total to reach {expected}")
+    wait_for(lambda: page.metrics()["kv_blocks_used"] == "0", 30, "every block to be freed")
+    # the finished requests' full blocks stay cached until the pool needs them
+    wait_for(lambda: page.metrics()["kv_blocks_cached"] not in ("-", "0"), 30, "cached free blocks in the map")
+    assert page.metrics()["ttft_ms"] is not None
+
+
+def test_policy_swap_from_the_page(page, stack_api):
+    page.evaluate("document.getElementById('policy-select').value = 'sjf';"
+                  "document.getElementById('policy-options').value = '{\"aging\": 3}';"
+                  "document.getElementById('policy-swap').click()")
+    try:
+        wait_for(lambda: page.metrics()["policy_result"] == "now sjf", 30, "the swap's answer on the page")
+        wait_for(lambda: page.metrics()["policy"] == "sjf", 30, "the page to show sjf in force")
+        assert page.metrics()["policy_options"] == '{"aging":3}'
+        assert httpx.get(stack_api.base_url + "/admin/policy", timeout=10).json()["policy"] == {
+            "name": "sjf", "options": {"aging": 3}}
+    finally:
+        httpx.post(stack_api.base_url + "/admin/policy", json={"name": "fcfs"}, timeout=30)
+    wait_for(lambda: page.metrics()["policy"] == "fcfs", 30, "the page to show fcfs again")
+
+
+def test_screenshot_is_a_png_of_the_page(page, tmp_path):
+    png = page.screenshot()
+    (tmp_path / "dashboard.png").write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    assert struct.unpack(">II", png[16:24]) == (1280, 1000)  # --window-size
+    assert len(png) > 20_000  # a blank page of that size is a few kB
+    # the block map is drawn: its canvas has cells in the free colour (#e4e4e4) at least
+    drawn = page.evaluate("(() => { const c = document.querySelector('canvas.map');"
+                          "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+                          "let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] === 0xe4 && d[i+3] === 255) n++;"
+                          "return n; })()")
+    assert drawn >= 16 * 256  # 4x4 pixels a block, 256 blocks, none held now
