@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import os
 
-DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Names accepted for the bundled SmolLM2 (compared case-insensitively).
