@@ -1,11 +1,5 @@
-"""The in-process engine: scheduler, block manager and worker driven by one step loop.
-
-The same three pure objects run as separate services over Redis; here the messages are
-passed as objects. One step: scheduler.schedule() -> block_manager.step() ->
-scheduler.on_alloc() -> worker.execute() -> scheduler.on_result().
-
-A request with sampling.n > 1 is prefilled once and forked into n sequences (ids from
-shared/parallel_sampling.py); generate() returns them as the output's `choices`.
+"""The in-process engine: the services' three pure objects, messages passed as objects.
+One step: schedule() -> block_manager.step() -> on_alloc() -> worker.execute() -> on_result().
 """
 
 from __future__ import annotations
@@ -88,8 +82,7 @@ class Engine:
         self.scheduler.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        # has_requests also counts finished/aborted ids whose blocks the next step frees,
-        # so a loop on this ends with every block back in the pool
+        # counts ids whose blocks the next step frees: a loop on it ends with the pool whole
         return self.scheduler.has_requests()
 
     def step(self) -> list[RequestDelta]:

@@ -1,7 +1,4 @@
-"""Engine configuration shared by the in-process engine and the services.
-
-Bad config fails at start with the field named (ConfigError), never later in a loop.
-"""
+"""Engine configuration; bad config fails at start with the field named (ConfigError)."""
 
 from __future__ import annotations
 

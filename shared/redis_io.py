@@ -5,11 +5,14 @@ Only the services' loop.py files (and tests) use this; the pure cores never see 
 - ensure_group(): XGROUP CREATE ... MKSTREAM, BUSYGROUP ignored; skip_backlog moves the
   group to "$" so a fresh consumer ignores what was sent to a dead predecessor.
 - send(): XADD one packed message under FIELD, the stream trimmed to ~maxlen entries.
-- read_group(): XREADGROUP on several streams, every entry decoded and acknowledged as it is
-  read (NOACK: it never enters the pending list, one round trip instead of two);
+- read_group(): XREADGROUP on several streams, every entry decoded and, by default,
+  acknowledged as it is read (NOACK: one round trip instead of two); noack=False leaves
+  them pending until XACK, and pending=True re-reads this consumer's pending entries;
   an entry that does not decode comes back with `error` set (and its raw bytes), so a bad
   message ends that request, never the reader's loop.
 - Heartbeat: SET key incarnation PX ttl every interval, from a task of its own.
+- RunIdWatch: notices a Redis restart (the server's run_id changed): whatever lived only
+  in Redis (groups, hellos, records) must then be written again by whoever holds it.
 - write_stats()/read_stats(): a msgpack map under keys.stats(service).
 - add_common_arguments()/run_service(): the options every service takes, and running a
   service's async main until SIGTERM/SIGINT (exit 0) or a fatal error (logged, exit 1).
@@ -113,7 +116,7 @@ class Entry:
 
 
 def _decode(stream: str, entry_id: bytes, fields: dict, expected: tuple[type, ...]) -> Entry:
-    raw = fields.get(FIELD)
+    raw = (fields or {}).get(FIELD)  # None: a pending entry trimmed away meanwhile
     if raw is None:
         return Entry(stream, entry_id, error=f"no field {FIELD!r}")
     try:
@@ -127,12 +130,14 @@ def _decode(stream: str, entry_id: bytes, fields: dict, expected: tuple[type, ..
 
 
 async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapping[str, tuple[type, ...]],
-                     block_ms: int | None, count: int = 256) -> list[Entry]:
+                     block_ms: int | None, count: int = 256, noack: bool = True,
+                     pending: bool = False) -> list[Entry]:
     """New entries of `streams` (stream -> accepted message types), in the order the
-    streams are given, decoded and already acknowledged. block_ms None: do not block."""
+    streams are given, decoded and (noack) already acknowledged. block_ms None: do not
+    block. pending: this consumer's delivered but unacknowledged entries instead."""
     try:
-        reply = await r.xreadgroup(group, consumer, {s: ">" for s in streams}, count=count, block=block_ms,
-                                   noack=True)
+        reply = await r.xreadgroup(group, consumer, {s: "0" if pending else ">" for s in streams}, count=count,
+                                   block=None if pending else block_ms, noack=noack)
     except redis.exceptions.ResponseError as e:
         if "NOGROUP" not in str(e):
             raise
@@ -183,6 +188,10 @@ class Heartbeat:
     async def _beat(self) -> None:
         await self.r.set(self.key, self.incarnation, px=int(HEARTBEAT_TTL_S * 1000))
 
+    async def start_beat(self) -> None:
+        """One beat now (after a Redis restart, before saying hello again)."""
+        await self._beat()
+
     async def _run(self) -> None:
         failing = False
         while True:
@@ -206,6 +215,41 @@ class Heartbeat:
         with contextlib.suppress(*REDIS_ERRORS):
             if await self.r.get(self.key) == self.incarnation.encode():
                 await self.r.delete(self.key)
+
+
+async def server_run_id(r: aioredis.Redis) -> str:
+    return (await r.info("server"))["run_id"]
+
+
+class RunIdWatch:
+    """changed() is True once per Redis restart seen (the first call only records the id).
+
+    A server restarted without persistence has lost every stream, group and key: a NOGROUP
+    error tells a reader, this tells everyone else (a heartbeat or record writer)."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+
+    async def changed(self, r: aioredis.Redis) -> bool:
+        run_id = await server_run_id(r)
+        old, self.run_id = self.run_id, run_id
+        if old is not None and old != run_id:
+            log.warning("redis restarted (run_id %s -> %s)", old[:8], run_id[:8])
+            return True
+        return False
+
+
+async def on_restart(r: aioredis.Redis, callback: Callable[[], Awaitable[None]],
+                     interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+    """Run for ever: await callback() after each Redis restart (a task of the caller's)."""
+    watch = RunIdWatch()
+    while True:
+        try:
+            if await watch.changed(r):
+                await callback()
+        except REDIS_ERRORS as e:
+            log.debug("restart watch: %s", e)
+        await asyncio.sleep(interval_s)
 
 
 async def get_incarnation(r: aioredis.Redis, keys: Keys, name: str) -> str | None:

@@ -18,12 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api import admin_routes, dashboard_routes, openai_routes, policy_routes, stream_routes
 from services.api.admission import AdmissionGate, RequestLimits
+from services.api.choices import Choices
 from services.api.edge import ApiState, AuthMiddleware, error_response
 from services.api.inputs import ModelInfo
 from services.api.loop import ApiLoop
 from services.api.metrics import ApiMetrics
 from services.api.protocol import ApiError
-from services.api.rest_store import RestStore
+from services.api.readiness import ReadyGate
 from shared.streams import Keys
 
 log = logging.getLogger("pagedserve.api")
@@ -40,6 +41,8 @@ class ApiConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_prompt_tokens: int | None = None  # per-request limits (400 past them); None: the context
     max_output_tokens: int | None = None
+    api_id: str | None = None  # the scheduler sends this api's deltas by it: keep it across restarts
+    record_ttl_s: int = 3600  # how long a request record stays in Redis after its last write
 
     @property
     def served_name(self) -> str:
@@ -51,10 +54,11 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     shutdown aborts everything still running here."""
     metrics = ApiMetrics()
     limits = RequestLimits(config.max_prompt_tokens, config.max_output_tokens)
-    loop = ApiLoop(config.redis_url, Keys(config.prefix), admission=AdmissionGate(limits))
+    loop = ApiLoop(config.redis_url, Keys(config.prefix), api_id=config.api_id, admission=AdmissionGate(limits),
+                   record_ttl_s=config.record_ttl_s)
     state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
                      max_body_bytes=config.max_body_bytes, api_key=config.api_key)
-    state.rest = RestStore()
+    loop.adopt = lambda request_id, meta, submit: Choices.adopted(state, request_id, meta, submit)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -64,11 +68,11 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
         try:
             yield
         finally:
-            await state.rest.close()
             await loop.stop()
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.api = state
+    app.add_middleware(ReadyGate, loop=loop)
     app.add_middleware(AuthMiddleware, api_key=config.api_key)
     app.include_router(openai_routes.router)
     app.include_router(stream_routes.router)

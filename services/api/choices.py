@@ -1,4 +1,5 @@
-"""The n choices of one OpenAI request (`n` >= 1): one Generation per sequence, one submission.
+"""The api's one request type: the n choices of a request (`n` >= 1), one Generation per
+sequence, one submission, one record in Redis (services/api/records.py).
 
 For n > 1 the scheduler prefills the prompt once and forks it (shared/parallel_sampling.py:
 sequence i is f"{request_id}.{i}", seeded seed + i); each sequence streams, stops (stop
@@ -10,6 +11,7 @@ it (try/finally): every sequence not finished by then is aborted.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
@@ -17,21 +19,50 @@ from services.api.edge import ApiState, outputs_until_disconnect
 from services.api.generation import Generation, Output, unavailable
 from services.api.inputs import Prepared
 from services.api.loop import RedisUnavailable
+from shared.messages import SubmitRequest
 from shared.parallel_sampling import child_request_ids, child_sampling
+
+log = logging.getLogger("pagedserve.api")
 
 
 class Choices:
-    def __init__(self, state: ApiState, prepared: Prepared, conn=None) -> None:
-        first = state.generation(prepared, conn)  # names the request, sets the tenant
+    def __init__(self, state: ApiState, prepared: Prepared, conn=None, request_id: str | None = None,
+                 listen: bool = True) -> None:
+        """listen False: nobody streams it from here (REST); its record is all there is."""
+        first = state.generation(prepared, conn, request_id)  # names the request, sets the tenant
         self.request_id, self.prepared, self.created = first.request_id, prepared, first.created
         n = prepared.sampling.n
         if n == 1:
             self.gens = [first]
         else:
             self.gens = [Generation(state.loop, state.tokenizer, replace(prepared, sampling=child_sampling(
-                prepared.sampling, index)), state.metrics, child_id)
+                prepared.sampling, index)), state.metrics, child_id, self.request_id, index)
                 for index, child_id in enumerate(child_request_ids(self.request_id, n))]
+        if not listen:
+            for gen in self.gens:
+                gen.outputs = None
+        self.seq = 0  # the last record event written
         self._loop = state.loop
+
+    @classmethod
+    def adopted(cls, state: ApiState, request_id: str, meta: dict, submit: SubmitRequest) -> Choices:
+        """A request another run of this api submitted, rebuilt from its record (nobody
+        listens here: its clients follow the record)."""
+        prepared = Prepared(kind=meta["kind"], model=meta["model"], prompt_token_ids=list(submit.prompt_token_ids),
+                            sampling=submit.sampling, stop=list(meta["stop"]), priority=submit.priority,
+                            tenant=submit.tenant, cache_salt=submit.cache_salt)
+        choices = cls(state, prepared, None, request_id, listen=False)
+        choices.created = meta["created"]
+        return choices
+
+    def meta(self) -> dict:
+        """The record's description of it (records.py); with the submission, enough to adopt it."""
+        p = self.prepared
+        return {"kind": p.kind, "model": p.model, "created": self.created, "n": len(self.gens), "stop": p.stop,
+                "logprobs": p.sampling.logprobs, "api_id": self._loop.api_id, "tenant": p.tenant}
+
+    def group_submit(self) -> SubmitRequest:
+        return replace(self.gens[0].submit_message(), request_id=self.request_id, sampling=self.prepared.sampling)
 
     @property
     def why(self) -> str | None:
@@ -39,18 +70,17 @@ class Choices:
         return self.gens[0].why
 
     async def start(self) -> None:
-        """Submit once; ApiError as Generation.start, and then nothing was submitted."""
-        if len(self.gens) == 1:
-            await self.gens[0].start()
-            return
+        """Write its record and submit it, once; nothing is submitted when it raises:
+        ApiError(400) past a per-request limit, ApiError(429) when the waiting queue is closed
+        to this tenant, ApiError(503) when Redis cannot take it."""
         self.gens[0].check_admission()
-        group = replace(self.gens[0].submit_message(), request_id=self.request_id, sampling=self.prepared.sampling)
         try:
-            queues = await self._loop.submit_group(group, [gen.submit_message() for gen in self.gens])
+            await self._loop.submit(self)
         except RedisUnavailable as e:
             raise unavailable(e) from None
-        for gen, queue in zip(self.gens, queues, strict=True):
-            gen.attach(queue)
+        p = self.prepared
+        log.info("request %s submitted: %d prompt tokens, max_tokens %d, n %d", self.request_id,
+                 len(p.prompt_token_ids), p.sampling.max_tokens, len(self.gens))
 
     async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[tuple[int, Output]]:
         """(index, output) of every sequence as they come, until all are finished; a client

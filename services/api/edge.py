@@ -33,15 +33,15 @@ class ApiState:
     max_body_bytes: int
     api_key: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
-    rest: object = None  # services.api.rest_store.RestStore, set by the app factory
 
-    def generation(self, prepared: Prepared, conn: Request | None = None) -> Generation:
+    def generation(self, prepared: Prepared, conn: Request | None = None, request_id: str | None = None) -> Generation:
         """A Generation for a prepared body; `conn` (the HTTP request or WebSocket) gives
-        the tenant when the body names none."""
+        the tenant when the body names none; request_id None: a new one."""
         if prepared.tenant is None and conn is not None:
             prepared.tenant = tenant_of(conn.headers)
         prefix = "chatcmpl" if prepared.kind == "chat" else "cmpl"
-        return Generation(self.loop, self.tokenizer, prepared, self.metrics, f"{prefix}-{uuid.uuid4().hex}")
+        return Generation(self.loop, self.tokenizer, prepared, self.metrics,
+                          request_id or f"{prefix}-{uuid.uuid4().hex}")
 
 
 def tenant_of(headers) -> str | None:
@@ -89,18 +89,36 @@ async def outputs_until_disconnect(gen: Generation,
             yield out
         return
     next_check = time.monotonic() + DISCONNECT_POLL_S
-    while not gen.finished:
+    while True:
         try:
             out = await gen.next(timeout=max(0.0, next_check - time.monotonic()))
-        except TimeoutError:
-            out = None
-        if out is not None:
+            if out is None:
+                return
             yield out
+            if out.finish_reason is not None:
+                return
+        except TimeoutError:
+            pass
         if time.monotonic() >= next_check and not gen.finished:
             if await is_disconnected():
                 gen.abort(CLIENT_GONE)
                 return
             next_check = time.monotonic() + DISCONNECT_POLL_S
+
+
+async def refuse(error: ApiError, scope, receive, send) -> None:
+    """Answer an ASGI connection with an error before any route: HTTP, the JSON error; a
+    WebSocket, accepted, told {"type": "error", ...} and closed with the reason."""
+    if scope["type"] == "http":
+        return await error_response(error)(scope, receive, send)
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return None
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": json.dumps({"type": "error", "status": error.status,
+                                                              "message": error.message, "code": error.code})})
+    await send({"type": "websocket.close", "code": 1008 if error.status < 500 else 1013,
+                "reason": f"{error.code}: {error.message}".encode()[:123].decode(errors="ignore")})
 
 
 class AuthMiddleware:
@@ -118,15 +136,7 @@ class AuthMiddleware:
             return await self.app(scope, receive, send)
         error = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                          code="invalid_api_key", type="authentication_error")
-        if scope["type"] == "http":
-            return await error_response(error)(scope, receive, send)
-        message = await receive()
-        if message["type"] != "websocket.connect":
-            return None
-        await send({"type": "websocket.accept"})
-        await send({"type": "websocket.send",
-                    "text": json.dumps({"type": "error", "status": 401, "message": error.message})})
-        await send({"type": "websocket.close", "code": 1008})
+        return await refuse(error, scope, receive, send)
 
     def _allowed(self, scope) -> bool:
         path = scope.get("path", "")

@@ -1,10 +1,12 @@
-"""One request's life in this api: submit it, turn its deltas into safe text, end it.
+"""One sequence's life in the api that writes its record: deltas in, safe text out.
 
-A Generation yields Outputs (one per delta batch that concerns it): new text (never a
-split character, never any part of a stop string), the new token ids and logprobs, and at
-the end a finish reason and usage. When a stop string matches, the request is aborted at
-the scheduler and ends here with finish_reason "stop". Whoever drives a Generation must
-`close()` it (try/finally): a request that is not finished by then is aborted, so a client
+The loop applies each RequestDelta (apply()) as its DeltaBatch arrives, writes the Output
+to the request's record and, when a handler listens here, puts it on `outputs`: new text
+(never a split character, never any part of a stop string), the new token ids and
+logprobs, and at the end a finish reason. A delta that repeats tokens already applied
+(a resend after a Redis error) is trimmed by its offset. When a stop string matches, the
+request is aborted at the scheduler and ends with finish_reason "stop". Whoever listens
+must `close()` it (try/finally): a sequence not finished by then is aborted, so a client
 that goes away never leaves blocks behind.
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from services.api.admission import check_limits
 from services.api.detokenizer import Detokenizer
 from services.api.inputs import Prepared
-from services.api.loop import ApiLoop, RedisUnavailable
+from services.api.loop import ApiLoop
 from services.api.metrics import ApiMetrics
 from services.api.protocol import ApiError
 from shared.messages import RequestDelta, SampledToken, SubmitRequest
@@ -32,6 +34,8 @@ class Output:
     token_ids: list[int]
     logprobs: list[SampledToken] = field(default_factory=list)
     finish_reason: str | None = None
+    seq: int = 0  # the record event it was written as: the client's resume cursor
+    error: str | None = None  # why, for finish_reason "error"
 
 
 def unavailable(error: Exception) -> ApiError:
@@ -40,14 +44,18 @@ def unavailable(error: Exception) -> ApiError:
 
 
 class Generation:
-    def __init__(self, loop: ApiLoop, tokenizer, prepared: Prepared, metrics: ApiMetrics, request_id: str):
+    def __init__(self, loop: ApiLoop, tokenizer, prepared: Prepared, metrics: ApiMetrics, request_id: str,
+                 record_id: str | None = None, index: int = 0):
         self.loop = loop
         self.tokenizer = tokenizer
         self.prepared = prepared
         self.metrics = metrics
-        self.request_id = request_id
+        self.request_id = request_id  # the sequence's id at the scheduler
+        self.record_id = record_id or request_id  # the request's (n > 1: the parent's)
+        self.index = index
         self.created = int(time.time())
         self._text_parts: list[str] = []
+        self.num_chars = 0  # len(self.text), without joining
         self.token_ids: list[int] = []
         self.logprobs: list[SampledToken] = []
         self.finish_reason: str | None = None
@@ -55,7 +63,7 @@ class Generation:
         self.num_prompt_tokens = len(prepared.prompt_token_ids)
         self.num_cached_tokens = 0
         self._detok = Detokenizer(tokenizer, prepared.prompt_token_ids, prepared.stop)
-        self._queue: asyncio.Queue | None = None
+        self.outputs: asyncio.Queue | None = asyncio.Queue()  # None: nobody listens here (REST)
         self._arrival = time.monotonic()
         self._last_token_time: float | None = None
         self.first_token_time: float | None = None
@@ -82,16 +90,6 @@ class Generation:
             usage["prompt_tokens_details"] = {"cached_tokens": self.num_cached_tokens}
         return usage
 
-    async def start(self) -> None:
-        """Submit; nothing is submitted when it raises: ApiError(400) past a per-request
-        limit, ApiError(429) when the waiting queue is closed to this tenant, ApiError(503)
-        when Redis cannot take it."""
-        self.check_admission()
-        try:
-            self.attach(await self.loop.submit(self.submit_message()))
-        except RedisUnavailable as e:
-            raise unavailable(e) from None
-
     def check_admission(self) -> None:
         """ApiError(400) past a per-request limit, ApiError(429) when the waiting queue is
         closed to this tenant."""
@@ -102,55 +100,62 @@ class Generation:
         admission.check(p.tenant)
 
     def submit_message(self) -> SubmitRequest:
+        """Its submission; with the tokens it has so far (a resubmission resumes there)."""
         p = self.prepared
         return SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
                              prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
-                             priority=p.priority, tenant=p.tenant, cache_salt=p.cache_salt)
-
-    def attach(self, queue: asyncio.Queue) -> None:
-        """The queue its deltas arrive on: it is submitted now."""
-        self._queue = queue
-        p = self.prepared
-        log.info("request %s submitted: %d prompt tokens, max_tokens %d", self.request_id,
-                 len(p.prompt_token_ids), p.sampling.max_tokens)
+                             priority=p.priority, tenant=p.tenant, cache_salt=p.cache_salt,
+                             output_token_ids=list(self.token_ids))
 
     async def next(self, timeout: float | None = None) -> Output | None:
         """The next output, or None once finished; TimeoutError if none came in `timeout`."""
-        if self.finished or self._queue is None:
+        if self.outputs is None:
             return None
-        if not self._queue.empty():  # the common case while streaming: no task, no timer
-            delta = self._queue.get_nowait()
+        if not self.outputs.empty():  # the common case while streaming: no task, no timer
+            out = self.outputs.get_nowait()
+        elif self.finished:
+            return None
         elif timeout is None:
-            delta = await self._queue.get()
+            out = await self.outputs.get()
         else:
-            delta = await asyncio.wait_for(self._queue.get(), timeout)
-        if delta is None or self.finished:  # woken by abort()
-            return None
-        return self._apply(delta)
+            out = await asyncio.wait_for(self.outputs.get(), timeout)
+        return out
 
     def abort(self, reason: str = "abort") -> None:
-        """End the request now (client gone, DELETE): abort at the scheduler, finish 'abort'."""
+        """End it now (client gone, DELETE): abort at the scheduler, record finish 'abort'."""
         if self.finished:
             return
-        if self._queue is not None:
-            self.loop.abort(self.request_id, reason)
-            self._queue.put_nowait(None)  # wake a reader blocked in next()
-        self._finish("abort", reason)
+        self.loop.end(self, "abort", reason)
 
     def close(self, reason: str = "client went away") -> None:
         self.abort(reason)
 
-    def _apply(self, delta: RequestDelta) -> Output:
+    def replay(self, token_ids: list[int]) -> None:
+        """An adopted sequence: feed the tokens of one recorded event, as they came then."""
+        step = self._detok.add(list(token_ids))
+        self.token_ids.extend(token_ids)
+        if step.text:
+            self._text_parts.append(step.text)
+            self.num_chars += len(step.text)
+
+    def apply(self, delta: RequestDelta) -> Output | None:
+        """The Output of a delta (None: it repeats what was applied already)."""
         now = time.monotonic()
         if delta.num_prompt_tokens:
             self.num_prompt_tokens = delta.num_prompt_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         ids = list(delta.new_token_ids)
+        start = delta.num_output_tokens - len(ids)
+        if ids and start != len(self.token_ids):
+            if start > len(self.token_ids):
+                return self.fail(f"tokens {len(self.token_ids)}..{start - 1} were lost on the way")
+            ids = ids[len(self.token_ids) - start:]  # a resend: keep only what is new
+            if not ids and delta.finish_reason is None:
+                return None
         vocab = self.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             log.error("request %s: token id out of range in a delta; ending it", self.request_id)
-            self.abort("bad token id on the wire")
-            return Output("", [], finish_reason="abort")
+            return self.fail("bad token id on the wire")
         finish = delta.finish_reason
         step = self._detok.add(ids, finished=finish is not None)
         if step.stopped:
@@ -158,9 +163,11 @@ class Generation:
                 self.loop.abort(self.request_id, "stop string")
             finish = "stop"
         self.token_ids.extend(ids)
-        self.logprobs.extend(delta.logprobs)
+        logprobs = list(delta.logprobs)[-len(ids):] if ids else []
+        self.logprobs.extend(logprobs)
         if step.text:
             self._text_parts.append(step.text)
+            self.num_chars += len(step.text)
         if ids:
             if self._last_token_time is None:
                 self.first_token_time = now
@@ -170,7 +177,32 @@ class Generation:
             self._last_token_time = now
         if finish is not None:
             self._finish(finish, "stop string" if step.stopped else finish)
-        return Output(step.text, ids, list(delta.logprobs), finish)
+        return Output(step.text, ids, logprobs, finish)
+
+    def fail(self, error: str) -> Output:
+        """End it with finish_reason "error": it cannot go on (aborted at the scheduler)."""
+        log.error("request %s cannot go on: %s", self.request_id, error)
+        self.loop.abort(self.request_id, error)
+        self._finish("error", error)
+        return Output("", [], finish_reason="error", error=error)
+
+    def event(self, out: Output) -> dict:
+        """The record event of an Output it just gave (records.py)."""
+        event = {"index": self.index, "text": out.text, "token_ids": out.token_ids,
+                 "text_offset": self.num_chars - len(out.text), "token_offset": len(self.token_ids) - len(out.token_ids)}
+        if self.prepared.sampling.logprobs is not None and out.logprobs:
+            event["logprobs"] = [{"token_id": s.token_id, "logprob": s.logprob, "top_logprobs": s.top_logprobs}
+                                 for s in out.logprobs]
+        if out.finish_reason is not None:
+            event.update(finish_reason=out.finish_reason, usage=self.usage())
+            if out.error:
+                event["error"] = out.error
+        return event
+
+    def snapshot_event(self) -> dict:
+        """Everything so far as one event from offset 0 (a record rewritten after a Redis restart)."""
+        out = Output(self.text, list(self.token_ids), finish_reason=self.finish_reason)
+        return {**self.event(out), "text_offset": 0, "token_offset": 0}
 
     def _finish(self, reason: str, why: str) -> None:
         self.finish_reason, self.why = reason, why

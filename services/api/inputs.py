@@ -71,7 +71,11 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     max_tokens = default_max if max_tokens is None else max_tokens
-    if len(prompt_ids) >= info.max_model_len or len(prompt_ids) + max_tokens > info.max_model_len:
+    prompt_field = "messages" if kind == "chat" else "prompt"
+    if len(prompt_ids) >= info.max_model_len:
+        raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the {prompt_field} "
+                       f"alone has {len(prompt_ids)} tokens", code="context_length_exceeded", param=prompt_field)
+    if len(prompt_ids) + max_tokens > info.max_model_len:
         raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the prompt has "
                        f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
                        code="context_length_exceeded", param="max_tokens")

@@ -1,16 +1,20 @@
-"""The api's only Redis code: submit and abort, this api's delta stream, heartbeat, the
-scheduler-incarnation watch (resubmit on restart) and reading the stats blobs.
+"""The api's Redis loop: submit and abort, this api's delta stream, request records,
+heartbeat, the scheduler and Redis restart watches, and reading the stats blobs.
 
-Every in-flight request has an asyncio.Queue that receives its RequestDeltas in order; the
-request leaves the in-flight table when a delta finishes it or when it is aborted here.
-Tokens delivered so far are kept per request, so when the scheduler's heartbeat value (its
-incarnation) changes, every in-flight request is resubmitted with `output_token_ids` and
-the new scheduler continues from there.
+This api writes the record (services/api/records.py) of every request whose deltas the
+scheduler sends it: the requests it submitted, and any whose deltas it finds on its stream
+after a restart (same api id: `--api-id`, by default host and port), adopted from their
+records. Each DeltaBatch is applied to the Generations it concerns, its events appended to
+the records and the batch acknowledged in one pipeline, then the Outputs handed to the
+handlers listening here. A batch read but not acknowledged before a crash is read again
+after the restart (deltas carry offsets, so nothing is applied twice).
 
-Admission: every admission.REFRESH_S the scheduler's stats blob is read into the
-AdmissionGate, which Generation.start consults before submitting. Policy commands
-(SetPolicy) go out on the requests stream; the scheduler's PolicyReply comes back on this
-api's deltas stream and resolves the waiting command.
+When the scheduler's incarnation changes, every live sequence is resubmitted with the
+tokens it has, and the new scheduler continues from there. When Redis restarts (its run_id
+changes), this api writes the records of its live requests again and resubmits them too
+(the scheduler drops a submission it already holds). Admission: every admission.REFRESH_S
+the scheduler's stats blob is read into the AdmissionGate. Policy commands (SetPolicy) go
+out on the requests stream; the PolicyReply comes back on this api's deltas stream.
 """
 
 from __future__ import annotations
@@ -19,28 +23,34 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
 from services.api.admission import REFRESH_S, AdmissionGate
+from services.api.records import RecordStore
 from shared import redis_io
+from shared.codec import pack
 from shared.messages import (
     AbortRequest,
     DeltaBatch,
     PolicyReply,
-    PrefixCacheReset,
-    RequestDelta,
-    SetPolicy,
-    SubmitRequest,
 )
-from shared.redis_io import REDIS_ERRORS, Backoff, Heartbeat
-from shared.streams import HEARTBEAT_INTERVAL_S, Keys
+from shared.parallel_sampling import child_request_ids
+from shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, Heartbeat, RunIdWatch
+from shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
+
+if TYPE_CHECKING:
+    from services.api.choices import Choices
+    from services.api.generation import Generation, Output
 
 log = logging.getLogger("pagedserve.api.loop")
 
 GROUP = "api"
 MAX_REDIS_CONNECTIONS = 64  # for the submits of a burst, the readers and the heartbeat
+REMEMBER_ENDED = 10_000  # sequences ended here, so their late deltas are dropped, not adopted
 _TRANSIENT = REDIS_ERRORS
 
 
@@ -48,16 +58,9 @@ class RedisUnavailable(RuntimeError):
     pass
 
 
-@dataclass
-class _InFlight:
-    submit: SubmitRequest
-    queue: asyncio.Queue
-    output_token_ids: list[int] = field(default_factory=list)
-
-
 class ApiLoop:
     def __init__(self, redis_url: str, keys: Keys, api_id: str | None = None, submit_timeout_s: float = 5.0,
-                 admission: AdmissionGate | None = None):
+                 admission: AdmissionGate | None = None, record_ttl_s: int = 3600):
         self.keys = keys
         self.admission = admission or AdmissionGate()
         self._commands: dict[str, asyncio.Future] = {}  # SetPolicy command_id -> its PolicyReply
@@ -69,19 +72,21 @@ class ApiLoop:
                                                         timeout=submit_timeout_s, socket_timeout=10,
                                                         socket_connect_timeout=3, health_check_interval=30)
         self.redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
-        self._in_flight: dict[str, _InFlight] = {}
+        self.records = RecordStore(self.redis, keys, record_ttl_s)
+        self.adopt: Callable[[str, dict, object], Choices] | None = None  # set by the app
+        self._live: dict[str, Generation] = {}  # sequence id -> its Generation, until it finishes
+        self._requests: dict[str, Choices] = {}  # request id -> the request, while a sequence is live
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._write_lock = asyncio.Lock()  # record events are appended in seq order
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
         self._scheduler_incarnation: str | None = None
+        self._redis_watch = RunIdWatch()
         self._heartbeat = Heartbeat(self.redis, keys, f"api:{self.api_id}", self.api_id)
 
     @property
     def deltas_stream(self) -> str:
         return self.keys.api_deltas(self.api_id)
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._in_flight)
 
     async def start(self) -> None:
         """Start the background tasks; Redis being down is retried there, never fatal."""
@@ -93,19 +98,18 @@ class ApiLoop:
             try:
                 await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
                 await self._heartbeat.start()
+                await self._redis_watch.changed(self.redis)
                 break
             except _TRANSIENT as e:
                 delay = backoff.next()
                 log.warning("redis unavailable at start (%s); retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
         log.info("api %s connected: deltas on %s", self.api_id, self.deltas_stream)
-        await asyncio.gather(self._read_deltas(), self._watch_scheduler(), self._refresh_admission())
+        await asyncio.gather(self._read_deltas(), self._watch_restarts(), self._refresh_admission())
 
     async def stop(self) -> None:
-        """Abort every in-flight request, stop the tasks, remove this api's keys."""
-        for request_id in list(self._in_flight):
-            self._end_locally(request_id, "abort")
-            self.abort(request_id, reason="api shutdown")
+        """Stop the tasks. Nothing is aborted: the records go on, and this api id, started
+        again, reads the deltas that came meanwhile."""
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)
         for task in self._tasks:
@@ -113,7 +117,6 @@ class ApiLoop:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             await self._heartbeat.stop()
-            await self.redis.delete(self.deltas_stream)
         except _TRANSIENT:
             pass
         await self.redis.aclose()
@@ -121,80 +124,82 @@ class ApiLoop:
 
     # ---- requests --------------------------------------------------------------------
 
-    async def submit(self, msg: SubmitRequest) -> asyncio.Queue:
-        """Send a submission; its deltas arrive on the returned queue. RedisUnavailable if
+    async def submit(self, choices: Choices) -> None:
+        """Write its record and send its one submission (one pipeline); RedisUnavailable if
         Redis cannot be reached within submit_timeout_s (nothing was submitted then)."""
-        entry = _InFlight(msg, asyncio.Queue())
-        self._in_flight[msg.request_id] = entry
-        try:
-            await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
-                              f"submit {msg.request_id}", self.submit_timeout_s)
-        except BaseException:
-            self._in_flight.pop(msg.request_id, None)
-            raise
-        return entry.queue
+        group = choices.group_submit()
+        for gen in choices.gens:
+            self._live[gen.request_id] = gen
+        self._requests[choices.request_id] = choices
 
-    async def submit_group(self, msg: SubmitRequest, sequences: list[SubmitRequest]) -> list[asyncio.Queue]:
-        """Send one submission with sampling.n > 1; the deltas of its n sequences (each
-        described as its own n == 1 submission, which is what a restarted scheduler gets
-        resubmitted) arrive on the returned queues. RedisUnavailable as submit()."""
-        entries = [_InFlight(sequence, asyncio.Queue()) for sequence in sequences]
-        for entry in entries:
-            self._in_flight[entry.submit.request_id] = entry
+        async def op():
+            pipe = self.redis.pipeline(transaction=False)
+            self.records.create(pipe, choices.request_id, choices.meta(), group)
+            pipe.xadd(self.keys.requests, {FIELD: pack(group)}, maxlen=DEFAULT_MAXLEN, approximate=True)
+            await pipe.execute()
+
         try:
-            await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
-                              f"submit {msg.request_id}", self.submit_timeout_s)
+            await self._retry(op, f"submit {choices.request_id}", self.submit_timeout_s)
         except BaseException:
-            for entry in entries:
-                self._in_flight.pop(entry.submit.request_id, None)
+            for gen in choices.gens:
+                self._live.pop(gen.request_id, None)
+            self._requests.pop(choices.request_id, None)
             raise
-        return [entry.queue for entry in entries]
 
     def abort(self, request_id: str, reason: str = "abort") -> asyncio.Task:
-        """Stop listening to a request and tell the scheduler to abort it (sent in the
-        background with retries, so a caller being cancelled cannot lose it)."""
-        self._in_flight.pop(request_id, None)
+        """Tell the scheduler to abort a sequence (sent in the background with retries, so a
+        caller being cancelled cannot lose it)."""
         msg = AbortRequest(request_id, reason)
-        task = asyncio.create_task(self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
+        return self._in_background(self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
                                                f"abort {request_id}", 60.0))
+
+    def end(self, gen: Generation, reason: str, why: str) -> None:
+        """End a live sequence here (client gone, DELETE): abort it at the scheduler, record
+        the finish, wake its listener."""
+        from services.api.generation import Output
+
+        self.abort(gen.request_id, why)
+        gen._finish(reason, why)
+        out = Output("", [], finish_reason=reason)
+        choices = self._requests.get(gen.record_id)
+        self._retire(gen)
+        if gen.outputs is not None:
+            gen.outputs.put_nowait(out)
+        if choices is not None:
+            self._in_background(self._write([(choices, gen, out)]))
+
+    async def cancel(self, request_id: str, reason: str) -> bool:
+        """DELETE from any replica: abort every sequence of a request; False: no such record."""
+        choices = self._requests.get(request_id)
+        if choices is not None:
+            choices.close(reason)
+            return True
+        loaded = await self.records.load(request_id)
+        if loaded is None:
+            return False
+        for sequence_id in child_request_ids(request_id, loaded[0]["n"]):
+            self.abort(sequence_id, reason)
+        return True
+
+    def _in_background(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
         self._background.add(task)
-        task.add_done_callback(self._abort_done)
+        task.add_done_callback(self._background_done)
         return task
 
-    def _abort_done(self, task: asyncio.Task) -> None:
+    def _background_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("abort lost: %s", task.exception())
+            log.error("background write lost: %s", task.exception())
 
-    def _end_locally(self, request_id: str, reason: str) -> None:
-        entry = self._in_flight.pop(request_id, None)
-        if entry is not None:
-            entry.queue.put_nowait(RequestDelta(request_id, [], finish_reason=reason))
-
-    async def set_policy(self, name: str, options: dict, timeout_s: float = 10.0) -> PolicyReply:
-        """Ask the scheduler to swap its policy; its reply, or TimeoutError / RedisUnavailable."""
-        msg = SetPolicy(uuid.uuid4().hex, self.api_id, name, options)
-        future = asyncio.get_running_loop().create_future()
-        self._commands[msg.command_id] = future
-        try:
-            await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg), "set policy", 5.0)
-            return await asyncio.wait_for(future, timeout_s)
-        finally:
-            self._commands.pop(msg.command_id, None)
-
-    async def reset_prefix_cache(self, timeout_s: float = 10.0, poll_s: float = 0.05) -> dict:
-        """Ask for the prefix cache to be emptied (api -> scheduler -> kvstore); the
-        kvstore's stats once they list this reset as done. TimeoutError or RedisUnavailable."""
-        msg = PrefixCacheReset(uuid.uuid4().hex)
-        await self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg), "reset prefix cache", 5.0)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            stats = (await self.read_stats())["kvstore"]
-            if msg.reset_id in (stats.get("prefix_cache_reset_ids") or ()):
-                return stats
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prefix cache reset {msg.reset_id} not done in {timeout_s:.0f}s")
-            await asyncio.sleep(poll_s)
+    def _retire(self, gen: Generation) -> None:
+        self._live.pop(gen.request_id, None)
+        self._ended[gen.request_id] = None
+        while len(self._ended) > REMEMBER_ENDED:
+            self._ended.popitem(last=False)
+        choices = self._requests.get(gen.record_id)
+        if choices is not None and all(g.finished for g in choices.gens):
+            del self._requests[gen.record_id]
 
     # ---- stats and readiness ---------------------------------------------------------
 
@@ -224,21 +229,23 @@ class ApiLoop:
         missing = [name for name, ok in zip(("scheduler", "kvstore"), present, strict=True) if not ok]
         return missing + ([] if workers else ["worker"])
 
-    # ---- background tasks ------------------------------------------------------------
+    # ---- deltas in, records out ------------------------------------------------------
 
     async def _read_deltas(self) -> None:
-        backoff = Backoff()
+        backoff, pending = Backoff(), True  # first what an earlier run read and did not acknowledge
         while True:
             try:
                 entries = await redis_io.read_group(self.redis, GROUP, self.api_id,
                                                     {self.deltas_stream: (DeltaBatch, PolicyReply)}, block_ms=1000,
-                                                    count=64)
+                                                    count=64, noack=False, pending=pending)
                 backoff.reset()
             except _TRANSIENT as e:
                 delay = backoff.next()
                 log.warning("redis unavailable (reading deltas): %s; retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
                 continue
+            pending = pending and bool(entries)
+            items: list[tuple[Choices, Generation, Output]] = []
             for entry in entries:
                 if entry.error is not None:
                     log.error("dropped a bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
@@ -247,17 +254,78 @@ class ApiLoop:
                     if future is not None and not future.done():
                         future.set_result(entry.message)
                 else:
-                    self._dispatch(entry.message)
+                    items += await self._apply(entry.message)
+            if entries:
+                await self._write(items, [entry.entry_id for entry in entries])
+            for _choices, gen, out in items:
+                if gen.outputs is not None:
+                    gen.outputs.put_nowait(out)
 
-    def _dispatch(self, batch: DeltaBatch) -> None:
+    async def _apply(self, batch: DeltaBatch) -> list[tuple[Choices, Generation, Output]]:
+        items = []
         for delta in batch.deltas:
-            entry = self._in_flight.get(delta.request_id)
-            if entry is None:
-                continue  # aborted or ended here already
-            entry.output_token_ids.extend(delta.new_token_ids)
-            if delta.finish_reason is not None:
-                self._in_flight.pop(delta.request_id, None)
-            entry.queue.put_nowait(delta)
+            gen = self._live.get(delta.request_id)
+            if gen is None and delta.request_id not in self._ended:
+                gen = await self._adopt(delta.request_id)
+            if gen is None:
+                continue  # ended here already, or no record of it
+            choices = self._requests[gen.record_id]
+            out = gen.apply(delta)
+            if out is None:
+                continue
+            if out.finish_reason is not None:
+                self._retire(gen)
+            items.append((choices, gen, out))
+        return items
+
+    async def _write(self, items: list[tuple[Choices, Generation, Output]], ack: list[bytes] = ()) -> None:
+        """Append the events and acknowledge the entries in one pipeline, retried until
+        Redis takes it (a restarted Redis included: the records are rewritten meanwhile)."""
+        backoff = Backoff(cap=1.0)
+        async with self._write_lock:
+            for choices, _gen, out in items:
+                choices.seq += 1
+                out.seq = choices.seq
+            while True:
+                pipe = self.redis.pipeline(transaction=False)
+                for choices, gen, out in items:
+                    self.records.append(pipe, choices.request_id, out.seq, gen.event(out), out.finish_reason is not None)
+                if ack:
+                    pipe.xack(self.deltas_stream, GROUP, *ack)
+                try:
+                    await pipe.execute(raise_on_error=False)
+                    return
+                except _TRANSIENT as e:
+                    delay = backoff.next()
+                    log.warning("redis unavailable (writing records): %s; retrying in %.1fs", e, delay)
+                    await asyncio.sleep(delay)
+
+    async def _adopt(self, sequence_id: str) -> Generation | None:
+        """A sequence this api did not submit (it did before a restart): its request rebuilt
+        from its record, every recorded event replayed, so it goes on from there."""
+        record_id = sequence_id.rpartition(".")[0] if "." in sequence_id else sequence_id
+        loaded = await self.records.load(record_id) if self.adopt is not None else None
+        if loaded is None:
+            self._ended[sequence_id] = None
+            log.warning("deltas for %s, which has no record: dropped", sequence_id)
+            return None
+        choices = self.adopt(record_id, *loaded)
+        for seq, event in await self.records.events(record_id):
+            gen = choices.gens[event["index"]]
+            if event.get("finish_reason") is not None:
+                gen.finish_reason = event["finish_reason"]
+            elif not gen.finished:
+                gen.replay(event["token_ids"])
+            choices.seq = seq
+        for gen in choices.gens:
+            (self._ended.__setitem__(gen.request_id, None) if gen.finished else self._live.__setitem__(
+                gen.request_id, gen))
+        if not all(gen.finished for gen in choices.gens):
+            self._requests[record_id] = choices
+            log.info("adopted request %s from its record (%d events)", record_id, choices.seq)
+        return self._live.get(sequence_id)
+
+    # ---- watches ---------------------------------------------------------------------
 
     async def _refresh_admission(self) -> None:
         while True:
@@ -271,24 +339,40 @@ class ApiLoop:
                 log.warning("scheduler stats blob unreadable: %s", e)
             await asyncio.sleep(REFRESH_S)
 
-    async def _watch_scheduler(self) -> None:
+    async def _watch_restarts(self) -> None:
+        """A new scheduler or a restarted Redis: submit every live sequence again."""
         while True:
             try:
+                if await self._redis_watch.changed(self.redis):
+                    await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
+                    await self._rewrite_records()
+                    await self._resubmit_all("redis restarted")
                 value = await redis_io.get_incarnation(self.redis, self.keys, "scheduler")
                 if value is not None and value != self._scheduler_incarnation:
                     if self._scheduler_incarnation is not None:
-                        await self._resubmit_all(self._scheduler_incarnation, value)
+                        await self._resubmit_all(f"scheduler restarted ({self._scheduler_incarnation} -> {value})")
                     self._scheduler_incarnation = value
             except _TRANSIENT as e:
-                log.warning("scheduler watch: %s", e)
+                log.warning("restart watch: %s", e)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
-    async def _resubmit_all(self, old: str, new: str) -> None:
-        entries = list(self._in_flight.values())
-        log.warning("scheduler restarted (%s -> %s): resubmitting %d in-flight requests", old, new, len(entries))
-        for entry in entries:
-            msg = replace(entry.submit, output_token_ids=list(entry.output_token_ids))
-            if entry.submit.request_id in self._in_flight:
+    async def _rewrite_records(self) -> None:
+        async with self._write_lock:
+            pipe = self.redis.pipeline(transaction=False)
+            for choices in list(self._requests.values()):
+                self.records.create(pipe, choices.request_id, choices.meta(), choices.group_submit())
+                for gen in choices.gens:
+                    choices.seq += 1
+                    self.records.append(pipe, choices.request_id, choices.seq, gen.snapshot_event(), True)
+            await pipe.execute()
+        log.warning("redis restarted: %d request records written again", len(self._requests))
+
+    async def _resubmit_all(self, why: str) -> None:
+        gens = list(self._live.values())
+        log.warning("%s: resubmitting %d live sequences", why, len(gens))
+        for gen in gens:
+            msg = gen.submit_message()
+            if gen.request_id in self._live:
                 await self._retry(lambda m=msg: redis_io.send(self.redis, self.keys.requests, m),
                                   f"resubmit {msg.request_id}", 60.0)
 

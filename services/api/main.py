@@ -7,10 +7,12 @@ not an error: the api retries in the background and /ready says what is missing.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 
 from services.api.app import ApiConfig, create_app
@@ -43,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=env("PAGEDSERVE_LOG_LEVEL", "info").lower(), type=str.lower,
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn)")
+    parser.add_argument("--api-id", default=env("PAGEDSERVE_API_ID"),
+                        help="this replica's id, kept across restarts so it finds its requests again "
+                             "(default: <hostname>-<port>)")
+    parser.add_argument("--record-ttl", type=int, default=3600,
+                        help="seconds a request record stays in Redis after its last write (default 3600)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind with SO_REUSEPORT, so several replicas serve one port")
 
 
 def config_from_args(args: argparse.Namespace) -> ApiConfig:
@@ -62,6 +71,11 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key: must not be empty")
+    if args.record_ttl < 1:
+        raise ConfigError(f"--record-ttl={args.record_ttl}: must be at least 1 second")
+    api_id = args.api_id or f"{socket.gethostname()}-{args.port}"
+    if not api_id or any(c.isspace() or c == ":" for c in api_id):
+        raise ConfigError(f"--api-id={api_id!r}: must be non-empty without spaces or ':'")
     try:
         resolve_model(args.model)
     except ValueError as e:
@@ -69,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
     return ApiConfig(model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url,
                      prefix=args.prefix, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
-                     max_output_tokens=args.max_output_tokens)
+                     max_output_tokens=args.max_output_tokens, api_id=api_id, record_ttl_s=args.record_ttl)
 
 
 def load_model_info(config: ApiConfig, tokenizer) -> ModelInfo:
@@ -115,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
 
     from shared.tokenizer import load_tokenizer
 
+    try:  # first, so a busy port fails in a second, not after loading the tokenizer
+        sock = bind_socket(args.host, args.port, args.reuse_port)
+    except OSError as e:
+        print(f"pagedserve api: cannot listen on {args.host}:{args.port}: {e.strerror or e}"
+              f"{' (is another server running there?)' if e.errno == errno.EADDRINUSE else ''}", file=sys.stderr)
+        return 3
+
     tokenizer = load_tokenizer(config.model)
     info = load_model_info(config, tokenizer)
     app = create_app(config, tokenizer, info)
@@ -126,8 +147,25 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn re-raises the stop signal on itself after a clean shutdown; keep exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[sock])
     return 0
+
+
+def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening socket; OSError (EADDRINUSE: the port is taken) if it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:

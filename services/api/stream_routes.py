@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -36,7 +37,7 @@ def _not_found(request_id: str) -> ApiError:
 
 
 def delta_message(choices: Choices, index: int, out: Output) -> dict:
-    msg = {"type": "delta", "request_id": choices.request_id, "index": index, "text": out.text,
+    msg = {"type": "delta", "request_id": choices.request_id, "seq": out.seq, "index": index, "text": out.text,
            "token_ids": out.token_ids}
     if choices.prepared.sampling.logprobs is not None:
         msg["logprobs"] = [{"token_id": s.token_id, "logprob": s.logprob, "top_logprobs": s.top_logprobs}
@@ -44,81 +45,122 @@ def delta_message(choices: Choices, index: int, out: Output) -> dict:
     return msg
 
 
-def final_message(choices: Choices, index: int) -> dict:
+def final_message(choices: Choices, index: int, out: Output | None = None) -> dict:
     gen = choices.gens[index]
-    return {"type": "final", "request_id": choices.request_id, "index": index, "finish_reason": gen.finish_reason,
-            "usage": gen.usage()}
+    msg = {"type": "final", "request_id": choices.request_id, "seq": out.seq if out else choices.seq, "index": index,
+           "finish_reason": gen.finish_reason, "usage": gen.usage()}
+    return msg | ({"error": out.error} if out is not None and out.error else {})
 
 
 def stream_messages(choices: Choices, index: int, out: Output) -> list[dict]:
     msgs = [delta_message(choices, index, out)] if out.text or out.token_ids else []
-    return msgs + ([final_message(choices, index)] if out.finish_reason is not None else [])
+    return msgs + ([final_message(choices, index, out)] if out.finish_reason is not None else [])
 
 
 # ---- REST ------------------------------------------------------------------------------
+
+DELETE_WAIT_S = 5.0  # how long DELETE waits for the abort to reach the record
+
+
+def record_message(request_id: str, seq: int, event: dict) -> list[dict]:
+    """The stream messages of one record event (records.py)."""
+    msgs = []
+    if event.get("text") or event.get("token_ids"):
+        msg = {"type": "delta", "request_id": request_id, "seq": seq, "index": event["index"], "text": event["text"],
+               "token_ids": event["token_ids"]}
+        if "logprobs" in event:
+            msg["logprobs"] = event["logprobs"]
+        msgs.append(msg)
+    if event.get("finish_reason") is not None:
+        msgs.append({"type": "final", "request_id": request_id, "seq": seq, "index": event["index"],
+                     "finish_reason": event["finish_reason"], "usage": event.get("usage")}
+                    | ({"error": event["error"]} if event.get("error") else {}))
+    return msgs
+
+
+def _cursor(value: str | None) -> int:
+    if value is None or value == "":
+        return 0
+    if not value.isdigit():
+        raise ApiError(400, f"invalid cursor {value!r}: the seq of the last event received (an integer >= 0)",
+                       code="invalid_cursor", param="cursor")
+    return int(value)
+
 
 @router.post("/v1/requests", status_code=202)
 async def submit(request: Request) -> JSONResponse:
     state = state_of(request)
     body = parse_body(await read_body(request, state.max_body_bytes))
     prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
-    choices = Choices(state, prepared, request)
+    choices = Choices(state, prepared, request, listen=False)
     await choices.start()
-    state.rest.add(choices)
     return JSONResponse({"request_id": choices.request_id}, status_code=202)
 
 
 @router.get("/v1/requests/{request_id}")
 async def get_request(request_id: str, request: Request) -> dict:
-    record = state_of(request).rest.get(request_id)
-    if record is None:
+    snapshot = await state_of(request).loop.records.snapshot(request_id)
+    if snapshot is None:
         raise _not_found(request_id)
-    return record.snapshot()
+    return snapshot
 
 
 @router.delete("/v1/requests/{request_id}")
 async def delete_request(request_id: str, request: Request) -> dict:
-    record = state_of(request).rest.get(request_id)
-    if record is None:
+    loop = state_of(request).loop
+    if not await loop.cancel(request_id, "deleted by the client"):
         raise _not_found(request_id)
-    record.choices.close("deleted by the client")
-    return record.snapshot()
+    deadline = time.monotonic() + DELETE_WAIT_S
+    while True:  # the abort goes through the scheduler unless this api ended it itself
+        snapshot = await loop.records.snapshot(request_id)
+        if snapshot is None or snapshot["status"] not in ("queued", "running") or time.monotonic() > deadline:
+            return snapshot or {"request_id": request_id, "status": "aborted"}
+        await asyncio.sleep(0.05)
 
 
 @router.get("/v1/requests/{request_id}/stream")
 async def follow_sse(request_id: str, request: Request) -> StreamingResponse:
-    record = state_of(request).rest.get(request_id)
-    if record is None:
+    """SSE of a request's record, from any replica; each event's `id` is its seq, so a client
+    resumes with `Last-Event-ID` (or ?cursor=) without gaps or duplicates."""
+    cursor = _cursor(request.query_params.get("cursor") or request.headers.get("last-event-id"))
+    records = state_of(request).loop.records
+    if await records.load(request_id) is None:
         raise _not_found(request_id)
 
-    async def events():
-        async for index, out in record.follow():
-            for msg in stream_messages(record.choices, index, out):
-                yield f"data: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
+    async def sse():
+        async for seq, event in records.follow(request_id, cursor):
+            for msg in record_message(request_id, seq, event):
+                yield f"id: {seq}\ndata: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 # ---- WebSocket -------------------------------------------------------------------------
 
 @router.websocket("/v1/requests/{request_id}/stream")
 async def follow_ws(websocket: WebSocket, request_id: str) -> None:
+    """The record's events as stream messages; ?cursor=<seq> resumes after that event."""
     await websocket.accept()
-    record = state_of(websocket).rest.get(request_id)
-    if record is None:
-        return await _send_error(websocket, _not_found(request_id))
+    try:
+        cursor = _cursor(websocket.query_params.get("cursor"))
+    except ApiError as e:
+        return await _send_error(websocket, e)
+    events = state_of(websocket).loop.records.follow(request_id, cursor)
     watcher = asyncio.create_task(_watch_close(websocket, None))
     try:
-        async for index, out in record.follow():
+        async for seq, event in events:
             if watcher.done():
                 return
-            for msg in stream_messages(record.choices, index, out):
+            for msg in record_message(request_id, seq, event):
                 await websocket.send_json(msg)
         await websocket.close()
+    except KeyError:
+        await _send_error(websocket, _not_found(request_id))
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:
         watcher.cancel()
+        await events.aclose()
 
 
 @router.websocket("/v1/stream")
@@ -186,7 +228,9 @@ async def _watch_close(websocket: WebSocket, choices: Choices | None) -> None:
 
 
 async def _send_error(websocket: WebSocket, error: ApiError) -> None:
+    """The error as a JSON message, then a close whose reason says it too (at most 123 bytes)."""
     if websocket.application_state == WebSocketState.CONNECTED:
         await websocket.send_json({"type": "error", "status": error.status, "message": error.message,
-                                   "code": error.code})
-        await websocket.close(code=1008 if error.status < 500 else 1011)
+                                   "code": error.code, "param": error.param})
+        reason = f"{error.code}: {error.message}".encode()[:123].decode(errors="ignore")
+        await websocket.close(code=1008 if error.status < 500 else 1011, reason=reason)

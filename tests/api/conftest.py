@@ -22,7 +22,7 @@ import redis
 
 from shared.codec import unpack
 from shared.streams import FIELD, Keys
-from tests.services.conftest import REDIS_URL, ServiceStack, start_backend, wait_for
+from tests.services.conftest import REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
@@ -93,11 +93,7 @@ class ApiProcess:
 
 
 def _delete_prefix(prefix: str) -> None:
-    r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        r.delete(*keys)
-    r.close()
+    delete_prefix(prefix)
 
 
 @pytest.fixture(scope="module")

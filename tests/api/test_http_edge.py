@@ -1,25 +1,39 @@
-"""The api process alone (real Redis, no back-end): auth, every bad input's 4xx, REST
-bookkeeping, readiness, metrics, and the abort a client that leaves sends.
+"""The api alone, in this process (tests/api/inprocess.py: uvicorn in a thread, the real
+Redis, a back-end that heartbeats and holds every request queued): auth, every bad
+input's 4xx, REST bookkeeping, readiness, metrics, and the abort a client that leaves sends.
 
-Without a back-end nothing ever runs, so every accepted request stays queued: what it
-sends on the requests stream is the whole story, read back from the real Redis.
+Nothing ever runs, so every accepted request stays queued: what it sends on the requests
+stream is the whole story, read back from the real Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import httpx
 import pytest
 import websockets
 
 from shared.messages import AbortRequest, SubmitRequest
+from shared.streams import Keys
 from tests.api.conftest import API_KEY
+from tests.api.inprocess import Responder, ServedApi
 from tests.api.test_inputs import BAD_BODIES
-from tests.services.conftest import wait_for
+from tests.services.conftest import delete_prefix, wait_for
 
 HTTP_BAD = BAD_BODIES
+
+
+@pytest.fixture(scope="module")
+def api_alone():
+    prefix = f"test-edge-{uuid.uuid4().hex[:10]}"
+    responder = Responder(Keys(prefix))
+    responder._paused.set()  # nothing runs: every request stays queued
+    with responder, ServedApi(prefix, api_key=API_KEY, max_body_bytes=65536) as api:
+        yield api
+    delete_prefix(prefix)
 
 
 def _post(client: httpx.Client, path: str, body) -> httpx.Response:
@@ -39,7 +53,7 @@ def test_open_routes_need_no_key_and_v1_routes_do(api_alone):
     with httpx.Client(base_url=api_alone.base_url) as anon:
         assert anon.get("/health").json()["status"] == "ok"
         assert anon.get("/metrics").status_code == 200
-        assert anon.get("/ready").status_code == 503
+        assert anon.get("/ready").status_code == 200
         for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/v1/requests/x"),
                              ("POST", "/v1/chat/completions")):
             r = anon.request(method, path, json={"prompt": "hi"})
@@ -51,9 +65,11 @@ def test_open_routes_need_no_key_and_v1_routes_do(api_alone):
         assert models["object"] == "list" and models["data"][0]["id"] == "smollm2"
 
 
-def test_ready_names_what_is_missing(api_alone):
-    with api_alone.client() as c:
+def test_ready_names_what_is_missing():
+    prefix = f"test-edge-{uuid.uuid4().hex[:10]}"
+    with ServedApi(prefix) as api, api.client() as c:
         r = c.get("/ready")
+    delete_prefix(prefix)
     assert r.status_code == 503 and set(r.json()["missing"]) == {"scheduler", "kvstore", "worker"}
 
 

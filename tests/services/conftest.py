@@ -51,6 +51,15 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
         time.sleep(interval)
 
 
+def delete_prefix(prefix: str, redis_url: str = REDIS_URL) -> None:
+    """Remove every key of a test's prefix."""
+    r = redis.Redis.from_url(redis_url)
+    keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
 class ServiceStack:
     def __init__(self, log_dir: Path, prefix: str | None = None, redis_url: str = REDIS_URL,
                  args: dict[str, list[str]] | None = None) -> None:
@@ -129,9 +138,7 @@ class ServiceStack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        keys = list(self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=1000))
-        if keys:
-            self.redis.delete(*keys)
+        delete_prefix(self.keys.prefix, self.redis_url)
         self.redis.close()
 
 

@@ -1,0 +1,47 @@
+"""Nothing hangs at the door: until the stack is ready, the routes that need the model
+answer 503 with Retry-After and code "not_ready", instead of queueing a request nobody
+will run (a first start loads the model for minutes).
+
+Ready means: Redis answers and the scheduler, the kvstore and a worker have live
+heartbeats (ApiLoop.missing_services). The answer is cached for CHECK_INTERVAL_S, so the
+check costs at most one round trip a second, not one per request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from services.api.edge import refuse
+from services.api.protocol import ApiError
+
+CHECK_INTERVAL_S = 1.0
+RETRY_AFTER_S = 5
+# (method, path) that submit work: HTTP POSTs and the streaming WebSocket
+GATED = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/v1/requests"),
+         ("WS", "/v1/stream")}
+
+
+class ReadyGate:
+    """Pure ASGI middleware in front of the routes in GATED."""
+
+    def __init__(self, app, loop) -> None:
+        self.app, self.loop = app, loop
+        self._missing: list[str] = ["redis"]
+        self._checked_at = float("-inf")
+
+    async def missing(self) -> list[str]:
+        if time.monotonic() - self._checked_at >= CHECK_INTERVAL_S:
+            self._missing = await self.loop.missing_services()
+            self._checked_at = time.monotonic()
+        return self._missing
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        method = "WS" if scope["type"] == "websocket" else scope.get("method", "")
+        if (method, scope.get("path", "")) not in GATED or not await self.missing():
+            return await self.app(scope, receive, send)
+        error = ApiError(503, f"the server is not ready yet (waiting for: {', '.join(self._missing)}); "
+                         f"retry later or wait for GET /ready", code="not_ready", type="service_unavailable",
+                         headers={"Retry-After": str(RETRY_AFTER_S)})
+        return await refuse(error, scope, receive, send)

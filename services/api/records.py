@@ -1,0 +1,192 @@
+"""Request records in Redis: what lets any api replica answer for any request.
+
+Per request R (both keys expire record_ttl_s after the last write):
+  {prefix}:req:R      hash: "meta" (JSON: kind, model, created, n, logprobs, stop, api_id,
+                      include flags) and "submit" (the packed SubmitRequest, for adoption)
+  {prefix}:req:R:ev   stream of events with ids 0-<seq>, seq = 1, 2, ...: the resume cursor
+An event (JSON) concerns one choice: {"index", "text", "token_ids", "text_offset",
+"token_offset"} and, on its last, "finish_reason", "usage" and, for an error, "error".
+Offsets say where an event starts in its choice, so a reader drops what it already has
+(a snapshot rewritten after a Redis restart starts at offset 0). The writer is the api the
+scheduler sends the request's deltas to; it appends the events of a DeltaBatch in one
+pipeline. Status, text and usage are derived from the events (snapshot()).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from shared import redis_io
+from shared.codec import pack, unpack
+from shared.messages import SubmitRequest
+from shared.streams import Keys
+
+EVENT = b"e"
+WRITER_GONE_S = 30.0  # a follower gives up on a record whose writer has had no heartbeat this long
+
+
+def record_key(keys: Keys, request_id: str) -> str:
+    return keys._k("req", request_id)
+
+
+def events_key(keys: Keys, request_id: str) -> str:
+    return keys._k("req", request_id, "ev")
+
+
+def event_id(seq: int) -> str:
+    return f"0-{seq}"
+
+
+def seq_of(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[2])
+
+
+@dataclass
+class ChoiceState:
+    """What a reader holds of one choice: trims replayed events by their offsets."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    error: str | None = None
+
+    def take(self, event: dict) -> dict | None:
+        """The part of `event` not seen yet (None: nothing new); updates the state."""
+        skip_ids = len(self.token_ids) - event.get("token_offset", 0)
+        skip_text = len(self.text) - event.get("text_offset", 0)
+        ids = event.get("token_ids", [])[max(skip_ids, 0):]
+        text = event.get("text", "")[max(skip_text, 0):]
+        self.token_ids.extend(ids)
+        self.text += text
+        new = {**event, "text": text, "token_ids": ids}
+        if event.get("finish_reason") is not None:
+            if self.finish_reason is not None:
+                return None if not (ids or text) else {**new, "finish_reason": None}
+            self.finish_reason, self.usage, self.error = event["finish_reason"], event.get("usage"), event.get("error")
+        elif not ids and not text:
+            return None
+        return new
+
+
+def status_of(states: list[ChoiceState]) -> str:
+    if all(s.finish_reason is not None for s in states):
+        reasons = {s.finish_reason for s in states}
+        return "error" if "error" in reasons else "aborted" if "abort" in reasons else "finished"
+    return "running" if any(s.token_ids for s in states) else "queued"
+
+
+def total_usage(states: list[ChoiceState], num_prompt_tokens: int) -> dict:
+    cached = max((s.usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0) for s in states)
+    completion = sum(len(s.token_ids) for s in states)
+    usage = {"prompt_tokens": num_prompt_tokens, "completion_tokens": completion,
+             "total_tokens": num_prompt_tokens + completion}
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+class RecordStore:
+    def __init__(self, r: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.r, self.keys, self.ttl_s = r, keys, ttl_s
+
+    def create(self, pipe, request_id: str, meta: dict, submit: SubmitRequest) -> None:
+        """Queue the record's creation on `pipe` (sent with the submission itself)."""
+        key = record_key(self.keys, request_id)
+        pipe.hset(key, mapping={"meta": json.dumps(meta), "submit": pack(submit)})
+        pipe.expire(key, self.ttl_s)
+
+    def append(self, pipe, request_id: str, seq: int, event: dict, final: bool) -> None:
+        key = events_key(self.keys, request_id)
+        pipe.xadd(key, {EVENT: json.dumps(event, ensure_ascii=False)}, id=event_id(seq))
+        pipe.expire(key, self.ttl_s)
+        if final:
+            pipe.expire(record_key(self.keys, request_id), self.ttl_s)
+
+    async def load(self, request_id: str) -> tuple[dict, SubmitRequest] | None:
+        fields = await self.r.hgetall(record_key(self.keys, request_id))
+        if not fields or b"meta" not in fields:
+            return None
+        return json.loads(fields[b"meta"]), unpack(fields[b"submit"])
+
+    async def events(self, request_id: str, after: int = 0, upto: int | None = None) -> list[tuple[int, dict]]:
+        entries = await self.r.xrange(events_key(self.keys, request_id), min=f"({event_id(after)}",
+                                      max=event_id(upto) if upto is not None else "+")
+        return [(seq_of(entry_id), json.loads(fields[EVENT])) for entry_id, fields in entries]
+
+    async def wait_events(self, request_id: str, after: int, block_ms: int) -> list[tuple[int, dict]]:
+        reply = await self.r.xread({events_key(self.keys, request_id): event_id(after)}, count=256, block=block_ms)
+        return [(seq_of(entry_id), json.loads(fields[EVENT])) for _key, entries in reply or [] for entry_id, fields
+                in entries]
+
+    async def snapshot(self, request_id: str) -> dict | None:
+        """The GET /v1/requests/{id} body, or None if there is no such record."""
+        loaded = await self.load(request_id)
+        if loaded is None:
+            return None
+        meta, submit = loaded
+        states = [ChoiceState() for _ in range(meta["n"])]
+        for _seq, event in await self.events(request_id):
+            states[event["index"]].take(event)
+        return snapshot_body(request_id, meta, states, len(submit.prompt_token_ids))
+
+
+    async def follow(self, request_id: str, cursor: int = 0) -> AsyncIterator[tuple[int, dict]]:
+        """(seq, event) of a request's record after `cursor`, from any replica, until every
+        choice has finished; KeyError if there is no such record. A record whose writer is
+        gone (no heartbeat for WRITER_GONE_S) or that vanished ends each open choice with
+        finish_reason "error" and the reason."""
+        loaded = await self.load(request_id)
+        if loaded is None:
+            raise KeyError(request_id)
+        meta = loaded[0]
+        states = [ChoiceState() for _ in range(meta["n"])]
+        for _seq, event in await self.events(request_id, upto=cursor) if cursor else []:
+            states[event["index"]].take(event)
+        last, quiet_since = cursor, time.monotonic()
+        while any(s.finish_reason is None for s in states):
+            try:
+                events = await self.wait_events(request_id, last, 1000)
+                error = None if events else await self._writer_trouble(request_id, meta, quiet_since)
+            except redis_io.REDIS_ERRORS as e:
+                events = []
+                error = f"redis unavailable: {e}" if time.monotonic() - quiet_since > WRITER_GONE_S else None
+                await asyncio.sleep(0.5)
+            if events:
+                quiet_since = time.monotonic()
+            for seq, event in events:
+                last = seq
+                new = states[event["index"]].take(event)
+                if new is not None:
+                    yield seq, new
+            for index, state in enumerate(states):
+                if error is not None and state.finish_reason is None:
+                    state.finish_reason = "error"
+                    yield last, {"index": index, "text": "", "token_ids": [], "finish_reason": "error", "error": error}
+
+    async def _writer_trouble(self, request_id: str, meta: dict, quiet_since: float) -> str | None:
+        quiet_s = time.monotonic() - quiet_since
+        if quiet_s > 5.0 and not await self.r.exists(record_key(self.keys, request_id)):
+            return "the request's record is gone (expired, or lost in a Redis restart)"
+        if quiet_s < WRITER_GONE_S:
+            return None
+        if await redis_io.get_incarnation(self.r, self.keys, f"api:{meta['api_id']}") is None:
+            return f"api {meta['api_id']}, which serves this request, is gone"
+        return None
+
+
+def snapshot_body(request_id: str, meta: dict, states: list[ChoiceState], num_prompt_tokens: int) -> dict:
+    per_choice = [{"index": i, "text": s.text, "token_ids": s.token_ids, "finish_reason": s.finish_reason}
+                  | ({"error": s.error} if s.error else {}) for i, s in enumerate(states)]
+    body = {"request_id": request_id, "object": "request", "created": meta["created"], "model": meta["model"],
+            "status": status_of(states)}
+    if len(per_choice) == 1:
+        body.update({k: v for k, v in per_choice[0].items() if k != "index"})
+    return {**body, "choices": per_choice, "usage": total_usage(states, num_prompt_tokens)}
