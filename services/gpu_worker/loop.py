@@ -65,6 +65,8 @@ class WorkerLoop:
         results: asyncio.Queue[StepResult] = asyncio.Queue()
         reader = asyncio.create_task(self._read_plans(plans, f"worker-{self.worker_id}", entries))
         sender = asyncio.create_task(self._send_results(results))
+        # a restarted Redis lost the hello, the group and the lease: say them again, lease first
+        rejoin = asyncio.create_task(redis_io.on_restart(self.r, lambda: self._rejoin(heartbeat, hello, plans)))
         try:
             while not stop.is_set():
                 try:
@@ -80,11 +82,17 @@ class WorkerLoop:
             with contextlib.suppress(TimeoutError):  # hand over what is computed, if Redis lets us
                 await asyncio.wait_for(results.join(), STOP_POLL_S)
         finally:
-            reader.cancel()
-            sender.cancel()
-            await asyncio.gather(reader, sender, return_exceptions=True)
+            for task in (reader, sender, rejoin):
+                task.cancel()
+            await asyncio.gather(reader, sender, rejoin, return_exceptions=True)
             await heartbeat.stop()
         return 0
+
+    async def _rejoin(self, heartbeat: Heartbeat, hello: WorkerHello, plans: str) -> None:
+        await heartbeat.start_beat()
+        await redis_io.ensure_group(self.r, plans, GROUP, skip_backlog=True)
+        await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
+        log.warning("worker %s: redis restarted; said hello again", self.worker_id)
 
     async def _read_plans(self, stream: str, consumer: str, entries: asyncio.Queue) -> None:
         backoff = redis_io.Backoff()

@@ -52,6 +52,11 @@ class ApiRoutes:
         outbox, self._outbox = self._outbox, defaultdict(list)
         return dict(outbox)
 
+    def restore(self, outbox: dict[str, list[RequestDelta]]) -> None:
+        """Deltas take() gave that could not be sent: ahead of any queued since."""
+        for api_id, deltas in outbox.items():
+            self._outbox[api_id][:0] = deltas
+
 
 def request_from_submit(sub: SubmitRequest, eos_token_ids: list[int]) -> Request:
     """A fresh WAITING request; a resubmission resumes after the tokens already delivered."""

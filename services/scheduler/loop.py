@@ -22,8 +22,9 @@ a reply is awaited: a kvstore that vanished or changed incarnation, a worker tha
 a reply the core refuses, or a Redis error all end the same way: the open step is
 abandoned, every running request goes back to waiting (recompute from prompt + tokens so
 far), and the next AllocRequest and StepPlan carry reset=True. An api whose heartbeat
-expired has its requests aborted. A request the worker fails in MAX_STRIKES consecutive
-failed steps is aborted, so one poisonous request cannot stall the rest for ever.
+expired keeps its requests (its records are in Redis; restarted, it reads its deltas on).
+A request the worker fails in MAX_STRIKES consecutive failed steps is aborted, so one
+poisonous request cannot stall the rest for ever.
 
 Policy swaps (SetPolicy) arrive on the requests stream and are applied with the inbox,
 between steps, in order with the submissions around them; the asking api gets a
@@ -74,6 +75,7 @@ class SchedulerLoop:
         self.incarnation = uuid.uuid4().hex
         self.stop = asyncio.Event()
         self.routes = ApiRoutes()
+        self.apis_away: set[str] = set()  # apis with live requests and no heartbeat
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy] = []
         self.policy_replies: list[tuple[str, PolicyReply]] = []  # (api_id, reply) to send
         self.kv_commands: list[PrefixCacheReset] = []  # to the kvstore with the next flush
@@ -278,12 +280,12 @@ class SchedulerLoop:
         if self.worker_inc is not None and (values[1] or b"").decode() != self.worker_inc:
             self._peers_failed(f"worker {self.hello.worker_id} lost")
             self.worker_inc = None
-        for api_id, value in zip(apis, values[len(names):], strict=True):
-            if value is None:
-                ids = self.routes.requests_of(api_id)
-                log.warning("api %s lost: aborting its %d requests", api_id, len(ids))
-                for request_id in ids:
-                    self.sched.abort_request(request_id)
+        # an api without heartbeat keeps its requests: their records live in Redis, and the api,
+        # restarted under the same id, reads its deltas stream on (a Redis restart silences all)
+        away = {a for a, v in zip(apis, values[len(names):], strict=True) if v is None}
+        for api_id in sorted(away - self.apis_away):
+            log.warning("api %s has no heartbeat: its %d requests go on", api_id, len(self.routes.requests_of(api_id)))
+        self.apis_away = away
 
     # ---- requests in, deltas out ---------------------------------------------------------
 
@@ -342,8 +344,13 @@ class SchedulerLoop:
         replies, self.policy_replies = self.policy_replies, []
         for api_id, reply in replies:
             await redis_io.send(self.r, self.keys.api_deltas(api_id), reply)
-        for api_id, deltas in self.routes.take().items():
-            await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
+        outbox = self.routes.take()
+        try:
+            for api_id, deltas in list(outbox.items()):
+                await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
+                del outbox[api_id]
+        finally:
+            self.routes.restore(outbox)  # a Redis error: sent again next flush (the api drops repeats)
 
     # ---- failures ------------------------------------------------------------------------
 
