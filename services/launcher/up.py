@@ -20,6 +20,7 @@ import time
 
 import httpx
 
+from services.launcher.api_replicas import api_replicas, port_taken
 from services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from services.launcher.supervisor import Child, Supervisor
 from shared.config import ConfigError, parse_size
@@ -36,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="worker device, e.g. cpu or cuda (default: the worker's)")
     parser.add_argument("--host", default="127.0.0.1", help="api address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="api port (default 8000)")
+    parser.add_argument("--api-replicas", type=int, default=1,
+                        help="api processes serving the port together (SO_REUSEPORT; default 1)")
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on a CPU (default 2GiB)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
     parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=True,
@@ -77,6 +80,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.ready_timeout <= 0:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
+    if getattr(args, "api_replicas", 1) < 1:
+        raise ConfigError(f"--api-replicas={args.api_replicas}: must be at least 1")
     for option in ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "max_waiting_requests",
                    "max_waiting_tokens", "max_prompt_tokens", "max_output_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
@@ -119,7 +124,8 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
         return [sys.executable, "-m", f"services.{module}.main", *common, *extra]
 
     return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", scheduler)),
-            ("worker", cmd("gpu_worker", worker)), ("api", cmd("api", api))]
+            ("worker", cmd("gpu_worker", worker)),
+            *api_replicas(cmd("api", api), getattr(args, "api_replicas", 1), args.host, args.port)]
 
 
 def child_env(redis_url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -180,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"pagedserve up: invalid config: {e}", file=sys.stderr)
         return 2
+    taken = port_taken(args.host, args.port)
+    if taken is not None:  # before anything starts: nothing is left behind
+        print(f"pagedserve up: {taken}", file=sys.stderr)
+        return 3
     stop, force = threading.Event(), threading.Event()
 
     def on_signal(signum, _frame) -> None:
