@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench import fairness, latency, profile, serve, throughput
+from services.bench import codec, fairness, latency, profile, serve, throughput
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = kinds.add_parser("profile", help="where an in-process step's time goes (torch.profiler)")
     _common(p)
     profile.add_arguments(p)
+    codec.add_arguments(kinds.add_parser("codec", help="pack + unpack of one step's messages"))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.kind == "attention":
-        from services.gpu_worker.attention import bench_attention
+        from services.bench import attention as bench_attention
 
         bench_attention.main(["--repeat", str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else []))
         return 0
-    if args.kind == "fairness":
-        return fairness.run(args)
+    if args.kind in ("fairness", "codec"):
+        return {"fairness": fairness, "codec": codec}[args.kind].run(args)
     if args.dtype == "auto":  # resolved once, so every system of the run uses the same one
         from services.gpu_worker.device import cpu_has_bf16
 

@@ -7,6 +7,10 @@ floods the queue, under fcfs and under fair, in one run against one stack.
 Phases (policy swapped via POST /admin/policy): B alone, then per policy A floods --flood
 requests and B sends as before; A's leftovers are dropped. Tenants: the `user` field. TTFT:
 send -> first text chunk, client side. Needs --max-num-seqs well below --flood.
+
+Last, the long-prompt phase (--long-prompt-tokens, 0 skips it): one prompt of that many
+tokens is sent, and --long-after seconds later B sends as before while it prefills; B's
+TTFT then is what a short chat waits behind a long prompt (the scheduler's shared budget).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 
@@ -30,17 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running server; default: launch `pagedserve up`")
     parser.add_argument("--up-arg", action="append", default=None,
                         help="extra `pagedserve up` option when launching (repeat); default: --max-num-seqs 8")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--flood", type=int, default=200, help="tenant A's requests, sent at once")
     parser.add_argument("--flood-max-tokens", type=int, default=8)
     parser.add_argument("--b-requests", type=int, default=10)
     parser.add_argument("--b-interval", type=float, default=1.0, help="seconds between B's requests")
     parser.add_argument("--b-max-tokens", type=int, default=4)
-    parser.add_argument("--policies", default="fcfs,fair", help="policies to compare, comma-separated")
+    parser.add_argument("--policies", default="fcfs,fair", help="policies to compare, comma-separated ('' none)")
+    parser.add_argument("--long-prompt-tokens", type=int, default=7000,
+                        help="the long-prompt phase's prompt length (0: no such phase)")
+    parser.add_argument("--long-after", type=float, default=0.3, help="seconds from the long prompt to B's first")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
 
 
-async def _ttft(client: httpx.AsyncClient, user: str, prompt: str, max_tokens: int) -> float | None:
+async def _ttft(client: httpx.AsyncClient, user: str, prompt: str | list[int], max_tokens: int) -> float | None:
     """Seconds to the first text chunk; None if the request failed or got no text."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "user": user}
@@ -99,12 +107,31 @@ async def _phase(client: httpx.AsyncClient, args: argparse.Namespace, policy: st
         task.cancel()  # the client goes away: the api aborts what is still queued or running
     await asyncio.gather(*flood, return_exceptions=True)
     await _wait_idle(client)
+    return _row(policy or "alone", ttfts, {"a_waiting_when_b_started": int(queued), "a_done_while_b_ran": num_a_done})
+
+
+def _row(phase: str, ttfts: list[float | None], extra: dict) -> dict:
     ok = [t for t in ttfts if t is not None]
-    row = {"phase": policy or "alone", "b_num_ok": len(ok), "b_num_failed": len(ttfts) - len(ok),
-           "a_waiting_when_b_started": int(queued), "a_done_while_b_ran": num_a_done}
+    row = {"phase": phase, "b_num_ok": len(ok), "b_num_failed": len(ttfts) - len(ok), **extra}
     for name, q in (("p50", 50), ("p99", 99), ("max", 100)):
         row[f"b_ttft_{name}_ms"] = round(float(np.percentile(ok, q)) * 1000, 1) if ok else None
     return row
+
+
+async def _long_prompt_phase(client: httpx.AsyncClient, args: argparse.Namespace) -> dict:
+    """B's TTFT while one --long-prompt-tokens prompt prefills (random ids: no prefix-cache hit)."""
+    rng = random.Random()
+    prompt = [rng.randrange(1000, 30000) for _ in range(args.long_prompt_tokens)]
+    started = time.perf_counter()
+    long = asyncio.create_task(_ttft(client, "tenant-a", prompt, 1))
+    await asyncio.sleep(args.long_after)
+    ttfts = await _tenant_b(client, args)
+    b_done = time.perf_counter() - started
+    long_ttft = await long
+    await _wait_idle(client)
+    return _row(f"long-{args.long_prompt_tokens}", ttfts, {
+        "long_ttft_ms": None if long_ttft is None else round(long_ttft * 1000, 1),
+        "b_done_before_long": long_ttft is not None and b_done < long_ttft})
 
 
 async def _run(base_url: str, args: argparse.Namespace) -> list[dict]:
@@ -112,9 +139,11 @@ async def _run(base_url: str, args: argparse.Namespace) -> list[dict]:
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
         await _ttft(client, "warm-up", PROMPT_B, 2)
         rows = [await _phase(client, args, None)]
-        for policy in args.policies.split(","):
-            rows.append(await _phase(client, args, policy.strip()))
+        for policy in filter(None, (p.strip() for p in args.policies.split(","))):
+            rows.append(await _phase(client, args, policy))
         await client.post("/admin/policy", json={"name": "fcfs", "options": {}})
+        if args.long_prompt_tokens > 0:
+            rows.append(await _long_prompt_phase(client, args))
     alone = rows[0]["b_ttft_p99_ms"]
     for row in rows:
         p99 = row["b_ttft_p99_ms"]
@@ -131,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if stack is not None:
             stack.stop()
-    columns = list(rows[0])
+    columns = list(dict.fromkeys(c for row in rows for c in row))
     print("  ".join(f"{c:>24}" for c in columns))
     for row in rows:
-        print("  ".join(f"{row[c]!s:>24}" for c in columns))
+        print("  ".join(f"{row.get(c, '-')!s:>24}" for c in columns))
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=2)

@@ -18,6 +18,7 @@ import statistics
 import time
 
 from services.bench.report import print_table
+from services.bench.serve import LaunchedStack, served_model
 from services.bench.workloads import BenchRequest
 
 VOCAB_LO, VOCAB_HI = 100, 49152 - 100  # SmolLM2 ids, clear of special tokens
@@ -57,11 +58,11 @@ def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[t
 def _over_http(base_url: str, requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
     from services.bench.serve_client import run_load
 
-    asyncio.run(run_load(base_url, args.served_model, [BenchRequest(requests[0].prompt_token_ids[:8], 2)],
+    asyncio.run(run_load(base_url, served_model(args), [BenchRequest(requests[0].prompt_token_ids[:8], 2)],
                          math.inf, None, args.api_key))
     runs = []
     for r in requests:  # one at a time: a lone user
-        (record,), _wall = asyncio.run(run_load(base_url, args.served_model, [r], math.inf, 1, args.api_key))
+        (record,), _wall = asyncio.run(run_load(base_url, served_model(args), [r], math.inf, 1, args.api_key))
         if not record.ok:
             raise RuntimeError(f"request failed: {record.error}")
         runs.append((record.ttft_s, record.tpot_s or math.nan))
@@ -77,11 +78,9 @@ def _summary(system: str, runs: list[tuple[float, float]]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.bench.serve import LaunchedStack
-
     requests = lone_requests(args)
     if args.launch:
-        stack = LaunchedStack(args.up_arg, args.dtype)
+        stack = LaunchedStack(args.up_arg, args.dtype, args.model)
         try:
             results = [_summary("pagedserve-stack", _over_http(stack.base_url, requests, args))]
         finally:

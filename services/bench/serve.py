@@ -27,6 +27,7 @@ import httpx
 
 from services.bench.report import LATENCY_STATS, latency_summary, print_table, throughput_fields
 from services.bench.serve_client import RequestRecord, run_load
+from services.bench.stack_cpu import StackCpu
 from services.bench.workloads import BenchRequest, load_workload
 
 _METRIC = re.compile(r"^(pagedserve:[a-z_]+)\s+([0-9.eE+-]+|NaN)$", re.M)
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch", action="store_true", help="start `pagedserve up` for the run, stop it after")
     parser.add_argument("--up-arg", action="append", default=[], metavar="ARG",
                         help="with --launch: one more argument for `pagedserve up` (repeatable)")
-    parser.add_argument("--served-model", default="smollm2", help="the `model` field sent (default smollm2)")
+    parser.add_argument("--served-model", default=None, help="the `model` field sent (default: --model)")
     parser.add_argument("--request-rate", type=float, default=math.inf,
                         help="Poisson arrivals per second (default inf: all at once)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
@@ -73,18 +74,25 @@ def _counters(base_url: str) -> dict[str, float]:
         return {}
 
 
-def measure(base_url: str, requests: list[BenchRequest], args: argparse.Namespace, system: str) -> dict:
+def served_model(args: argparse.Namespace) -> str:
+    return args.served_model or args.model
+
+
+def measure(base_url: str, requests: list[BenchRequest], args: argparse.Namespace, system: str,
+            cpu: StackCpu | None = None) -> dict:
+    """cpu: the launched stack's processes, for each service's CPU ms per step."""
     from tqdm import tqdm
 
     warm = [BenchRequest(requests[0].prompt_token_ids[:8], 2)]
-    asyncio.run(run_load(base_url, args.served_model, warm, math.inf, None, args.api_key))
+    asyncio.run(run_load(base_url, served_model(args), warm, math.inf, None, args.api_key))
     before = _counters(base_url)
+    cpu_before = cpu.snapshot() if cpu is not None else None
 
     async def go() -> tuple[list[RequestRecord], float, dict]:
         stop, peak = asyncio.Event(), {}
         watcher = asyncio.create_task(_watch_metrics(base_url, stop, peak))
         with tqdm(total=len(requests), unit="req", desc=system, leave=False) as bar:
-            records, wall = await run_load(base_url, args.served_model, requests, args.request_rate,
+            records, wall = await run_load(base_url, served_model(args), requests, args.request_rate,
                                            args.max_concurrency, args.api_key, args.seed,
                                            on_done=lambda _r: bar.update(1))
         stop.set()
@@ -93,7 +101,22 @@ def measure(base_url: str, requests: list[BenchRequest], args: argparse.Namespac
 
     records, wall, peak = asyncio.run(go())
     after = _counters(base_url)
-    return summarize(system, records, wall, peak.get("kv"), before, after)
+    result = summarize(system, records, wall, peak.get("kv"), before, after)
+    if cpu is not None:
+        time.sleep(2 * SCRAPE_EVERY_S)  # the scheduler's stats blob catches up with the last step
+        result |= StackCpu.per_step(cpu_before, cpu.snapshot())
+    result["model"] = _served_id(base_url, args.api_key)
+    return result
+
+
+def _served_id(base_url: str, api_key: str | None) -> str | None:
+    """The model the server says it serves (/v1/models), so a result names what ran."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        data = httpx.get(base_url + "/v1/models", headers=headers, timeout=5.0).json().get("data") or []
+    except (httpx.HTTPError, ValueError):
+        return None
+    return data[0].get("id") if data else None
 
 
 def summarize(system: str, records: list[RequestRecord], wall: float, peak_kv: float | None,
@@ -126,11 +149,12 @@ def _free_port() -> int:
 class LaunchedStack:
     """`pagedserve up` as a child process on a free port, its own Redis key prefix."""
 
-    def __init__(self, up_args: list[str], dtype: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, up_args: list[str], dtype: str, model: str | None = None, timeout_s: float = 300.0) -> None:
         port = _free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--dtype", dtype,
-                "--prefix", f"bench-{uuid.uuid4().hex[:8]}", "--log-level", "warning", *up_args]
+                "--prefix", f"bench-{uuid.uuid4().hex[:8]}", "--log-level", "warning",
+                *(["--model", model] if model else []), *up_args]
         self.proc = subprocess.Popen(argv, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -159,9 +183,9 @@ class LaunchedStack:
 def run(args: argparse.Namespace) -> int:
     requests = load_workload(args.workload)
     if args.launch:
-        stack = LaunchedStack(args.up_arg, args.dtype)
+        stack = LaunchedStack(args.up_arg, args.dtype, args.model)  # the model the baseline runs too
         try:
-            results = [measure(stack.base_url, requests, args, "pagedserve-stack")]
+            results = [measure(stack.base_url, requests, args, "pagedserve-stack", StackCpu(stack.proc.pid))]
         finally:
             stack.stop()
     else:
@@ -181,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
     columns += [f"{m}_{s}_ms" for m in ("ttft", "tpot", "itl", "e2e") for s in LATENCY_STATS]
     columns += ["peak_kv_usage", "prefix_hit_rate", "num_failed"]
     print_table(results, columns)
+    cpu_columns = sorted({c for r in results for c in r if c.startswith("cpu_ms_per_step_")})
+    if cpu_columns:
+        print_table(results, ["system", "model", "steps", *cpu_columns])
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2)
