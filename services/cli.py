@@ -4,6 +4,7 @@
     pagedserve api|scheduler|kvstore|worker   one service each (what docker-compose.yml runs)
     pagedserve generate "PROMPT"      one answer from the terminal, in-process
     pagedserve healthcheck NAME       exit 0 if that service is alive (container healthchecks)
+    pagedserve build-kernels          compile the CPU kernels ahead of the first start
 
 Modules (add_arguments(parser), run(args) -> int) import lazily: --help never loads torch.
 """
@@ -25,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("services.launcher.generate", "answer one prompt from the terminal (in-process engine)"),
     "bench": ("services.bench.command", "benchmarks: pagedserve bench throughput --workload random-64 --baseline hf"),
     "healthcheck": ("services.launcher.healthcheck", "exit 0 if a service is alive (for container healthchecks)"),
+    "build-kernels": ("services.gpu_worker.kernels.build", "compile the CPU kernels now, ahead of the first start"),
 }
 
 

@@ -41,7 +41,9 @@ def test_a_header_change_changes_the_compile_line(tmp_path, monkeypatch):
     after = cpu_extensions.compile_flags("decode")
     assert before[:4] == after[:4] == ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
     assert before[4].startswith("-DPAGEDSERVE_HEADERS_HASH=") and before[4] != after[4]
-    assert cpu_extensions.compile_flags("fused") == before[:4]  # no headers: no hash
+    cpu = f"-DPAGEDSERVE_CPU={cpu_extensions.cpu_digest()}"
+    assert before[5] == after[5] == cpu  # the CPU the build is for
+    assert cpu_extensions.compile_flags("fused") == [*before[:4], cpu]  # no headers: no hash
 
 
 def test_every_header_a_source_includes_is_hashed():
