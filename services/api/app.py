@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.api import admin_routes, dashboard_routes, openai_routes, policy_routes, stream_routes
+from services.api import admin_routes, dashboard_routes, openai_routes, openapi, policy_routes, stream_routes
 from services.api.admission import AdmissionGate, RequestLimits
 from services.api.choices import Choices
 from services.api.edge import ApiState, AuthMiddleware, error_response
@@ -70,7 +70,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
         finally:
             await loop.stop()
 
-    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.api = state
     app.add_middleware(ReadyGate, loop=loop)
     app.add_middleware(AuthMiddleware, api_key=config.api_key)
@@ -80,6 +80,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     app.include_router(admin_routes.router)
     app.include_router(dashboard_routes.router)
     _add_error_handlers(app, metrics)
+    openapi.install(app)
 
     @app.get("/health")
     async def health() -> dict:

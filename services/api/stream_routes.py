@@ -129,8 +129,11 @@ async def follow_sse(request_id: str, request: Request) -> StreamingResponse:
 
     async def sse():
         async for seq, event in records.follow(request_id, cursor):
-            for msg in record_message(request_id, seq, event):
-                yield f"id: {seq}\ndata: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
+            msgs = record_message(request_id, seq, event)
+            for i, msg in enumerate(msgs):  # the id on the event's last message only: a client
+                # cut off between a delta and its final resumes before that event, not after
+                event_id = f"id: {seq}\n" if i == len(msgs) - 1 else ""
+                yield f"{event_id}data: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
 
     return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

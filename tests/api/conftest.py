@@ -36,21 +36,22 @@ def free_port() -> int:
 
 
 class ApiProcess:
-    def __init__(self, log_dir: Path, prefix: str, api_key: str | None = None, args: list[str] | None = None):
+    def __init__(self, log_dir: Path, prefix: str, api_key: str | None = None, args: list[str] | None = None,
+                 redis_url: str = REDIS_URL, port: int | None = None):
         self.prefix, self.api_key = prefix, api_key
         self.keys = Keys(prefix)
-        self.port = free_port()
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"api-{self.port}.log"
+        self.log_path = log_dir / f"api-{self.port}-{uuid.uuid4().hex[:4]}.log"
         cmd = [sys.executable, "-m", "services.api.main", "--port", str(self.port), "--prefix", prefix,
-               "--redis-url", REDIS_URL, *(args or [])]
+               "--redis-url", redis_url, *(args or [])]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("PAGEDSERVE_API_KEY", None)
         if api_key:
             env["PAGEDSERVE_API_KEY"] = api_key  # through the environment, as a deployment would
         with open(self.log_path, "w") as log_file:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.redis = redis.Redis.from_url(redis_url)
 
     @property
     def headers(self) -> dict[str, str]:

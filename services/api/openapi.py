@@ -1,0 +1,130 @@
+"""The OpenAPI schema (/openapi.json) and its docs page (/docs).
+
+The routes read their bodies themselves (strict JSON, size limits, errors before any
+stream opens), so FastAPI cannot infer the bodies: this module names each route's request
+body (the pydantic models of protocol.py) and responses, every error being the OpenAI-style
+ErrorResponse. Clients, code generators and fuzzers (schemathesis) read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from services.api.protocol import ChatCompletionRequest, CompletionRequest
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Accepted(BaseModel):
+    request_id: str
+
+
+class RequestChoice(BaseModel):
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class RequestRecord(BaseModel):
+    request_id: str
+    object: str = "request"
+    created: int
+    model: str
+    status: str  # queued, running, finished, aborted, error
+    text: str | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    choices: list[RequestChoice]
+    usage: dict[str, Any]
+
+
+class PolicyBody(BaseModel):
+    name: str
+    options: dict[str, Any] = {}
+
+
+MODELS = (ErrorResponse, Accepted, RequestRecord, CompletionRequest, ChatCompletionRequest, PolicyBody)
+_JSON = "application/json"
+_ERRORS = {"400": "invalid input", "401": "missing or wrong API key", "404": "no such model or request",
+           "413": "body over the size limit", "429": "waiting queue full for this tenant",
+           "503": "not ready, or Redis unavailable (see Retry-After)"}
+# (path, method) -> (request body model or None, success status, success model or description, error statuses)
+ROUTES = {
+    ("/v1/completions", "post"): (CompletionRequest, "200", "a completion, or an SSE stream when stream=true",
+                                  ("400", "401", "404", "413", "429", "503")),
+    ("/v1/chat/completions", "post"): (ChatCompletionRequest, "200",
+                                       "a chat completion, or an SSE stream when stream=true",
+                                       ("400", "401", "404", "413", "429", "503")),
+    ("/v1/requests", "post"): ((CompletionRequest, ChatCompletionRequest), "202", Accepted, ("400", "401", "404", "413", "429", "503")),
+    ("/v1/requests/{request_id}", "get"): (None, "200", RequestRecord, ("401", "404")),
+    ("/v1/requests/{request_id}", "delete"): (None, "200", RequestRecord, ("401", "404")),
+    ("/v1/requests/{request_id}/stream", "get"): (None, "200", "SSE: the record's events from Last-Event-ID or "
+                                                  "?cursor=", ("400", "401", "404")),
+    ("/admin/policy", "post"): (PolicyBody, "200", "the policy in force", ("400", "401", "503")),
+}
+
+
+def _ref(model: type[BaseModel]) -> dict:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _components() -> dict:
+    schemas: dict[str, Any] = {}
+    for model in MODELS:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
+
+
+def build_schema(app: FastAPI) -> dict:
+    schema = get_openapi(title="pagedserve", version="1", routes=app.routes,
+                         description="OpenAI-compatible completions, REST request records and streams. "
+                                     "WebSocket routes (/v1/stream, /v1/requests/{id}/stream) are not in OpenAPI.")
+    components = schema.setdefault("components", {})
+    components.setdefault("schemas", {}).update(_components())
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, methods in schema.get("paths", {}).items():
+        for method, operation in methods.items():
+            operation.get("responses", {}).pop("422", None)  # FastAPI's default: ours is 400
+            body, status, success, errors = ROUTES.get((path, method), (None, "200", None, ()))
+            if body is not None:
+                body_schema = {"oneOf": [_ref(m) for m in body]} if isinstance(body, tuple) else _ref(body)
+                operation["requestBody"] = {"required": True, "content": {_JSON: {"schema": body_schema}}}
+            if success is not None:
+                described = isinstance(success, str)
+                content = {} if described else {"content": {_JSON: {"schema": _ref(success)}}}
+                operation["responses"] = {status: {"description": success if described else "success", **content}}
+            for code in errors:
+                operation["responses"][code] = {"description": _ERRORS[code],
+                                                "content": {_JSON: {"schema": _ref(ErrorResponse)}}}
+            if path.startswith(("/v1", "/admin")):
+                operation["security"] = [{"bearer": []}]
+    return schema
+
+
+def install(app: FastAPI) -> None:
+    """/openapi.json serves build_schema(), built once."""
+    cache: dict = {}
+
+    def openapi() -> dict:
+        if not cache:
+            cache.update(build_schema(app))
+        return cache
+
+    app.openapi = openapi
