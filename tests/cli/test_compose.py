@@ -1,18 +1,25 @@
-"""docker-compose.yml: its structure, and its commands really serving a chat completion.
+"""docker-compose.yml, the Dockerfile and monitoring/: their structure, and the compose
+commands really serving a chat completion.
 
-No Docker engine is needed: the second test runs each pagedserve container's command and
+No Docker engine is needed: the slow test runs each pagedserve container's command and
 environment as a local process (REDIS_URL pointed at the local Redis, a fresh prefix, the
 api on a free local port, a float32 worker with a small pool), then runs each container's
-healthcheck command and serves one real chat completion through that stack.
+healthcheck command, serves one real chat completion through that stack, and checks that
+every metric the Grafana dashboard plots is in the api's /metrics. The Redis container's
+command runs as a local redis-server too, and writes its append-only file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 
+import httpx
 import pytest
+import redis
 import yaml
 
 from services.launcher.supervisor import Child, Supervisor
@@ -29,6 +36,7 @@ from tests.cli.helpers import (
 )
 
 COMPOSE = REPO / "docker-compose.yml"
+DASHBOARD = REPO / "monitoring/grafana/dashboards/pagedserve.json"
 BACKEND = ("kvstore", "scheduler", "gpu_worker_cpu")
 SUBCOMMAND = {"kvstore": "kvstore", "scheduler": "scheduler", "gpu_worker": "worker", "gpu_worker_cpu": "worker",
               "api": "api"}
@@ -45,9 +53,12 @@ def services() -> dict:
 
 
 def test_compose_structure(services):
-    assert set(services) == {"redis", *SUBCOMMAND}
+    assert set(services) == {"redis", *SUBCOMMAND, "prometheus", "grafana"}
     assert services["redis"]["image"].startswith("redis:7")
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    redis_command = services["redis"]["command"]
+    assert _option(redis_command, "--appendonly") == "yes" and _option(redis_command, "--appendfsync") == "everysec"
+    assert services["redis"]["volumes"] == ["redis-data:/data"]
     for name, sub in SUBCOMMAND.items():
         svc = services[name]
         assert svc["command"][:2] == ["pagedserve", sub], name
@@ -63,6 +74,74 @@ def test_compose_structure(services):
     assert gpu["profiles"] == ["gpu"] and "--device" in gpu["command"] and "cuda" in gpu["command"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert "profiles" not in services["gpu_worker_cpu"]  # the CPU worker is the default
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"] and "healthcheck" in services[name], name
+
+
+def _option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_monitoring_files_fit_together(services):
+    prometheus = yaml.safe_load((REPO / "monitoring/prometheus.yml").read_text())
+    [job] = prometheus["scrape_configs"]
+    api_port = services["api"]["ports"][0].split(":")[1]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"api:{api_port}"]
+    mounts = {m.split(":")[0]: m.split(":")[1] for m in services["prometheus"]["volumes"] + services["grafana"]["volumes"]}
+    assert mounts["./monitoring/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    provisioning = REPO / "monitoring/grafana/provisioning"
+    [source] = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    [provider] = yaml.safe_load((provisioning / "dashboards/pagedserve.yml").read_text())["providers"]
+    assert mounts["./monitoring/grafana/dashboards"] == provider["options"]["path"]
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    assert len(panels) >= 10
+    for panel in panels:
+        assert panel["datasource"]["uid"] == source["uid"] and panel["targets"], panel["title"]
+
+
+def _dashboard_metrics() -> set[str]:
+    """Every pagedserve: series a Grafana panel queries (histograms by their _bucket)."""
+    exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    return set(re.findall(r"pagedserve:[a-z0-9_]+", " ".join(exprs)))
+
+
+def test_dockerfile_builds_kernels_with_a_compiler_and_runs_as_a_user():
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert [stage.split("\n", 1)[0].split()[-1] for stage in stages] == ["build", "runtime"]
+    build, runtime = stages
+    assert "g++" in build and "pagedserve build-kernels" in build
+    assert "COPY --from=build" in runtime and "/var/cache/pagedserve" in runtime
+    users = re.findall(r"^USER (\S+)", runtime, flags=re.M)
+    assert users and users[-1] not in ("root", "0")
+    for stage in stages:  # the kernels are looked for where they were built
+        assert "TORCH_EXTENSIONS_DIR=/var/cache/pagedserve/torch_extensions" in stage
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server binary to run the command with")
+def test_compose_redis_command_persists(services, tmp_path):
+    command = services["redis"]["command"]
+    port = free_port()
+    proc = subprocess.Popen([shutil.which(command[0]), *command[1:], "--port", str(port), "--bind", "127.0.0.1",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = redis.Redis(port=port, socket_connect_timeout=1)
+    try:
+        def up() -> bool:
+            try:
+                return client.ping()
+            except redis.ConnectionError:
+                return False
+
+        wait_for(up, 30, "redis-server with the compose command")
+        client.set("k", "v")
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        wait_for(lambda: any(p.stat().st_size > 0 for p in tmp_path.rglob("*.aof")), 30, "the append-only file")
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def _local_argv(services: dict, name: str, extra: list[str]) -> list[str]:
@@ -102,6 +181,13 @@ def test_compose_commands_serve_a_chat_completion(services, prefix):
                                  text=True, timeout=60)
             assert out.returncode == 0, (name, out.stdout, out.stderr)
         assert chat_once(base_url)
+        bad = httpx.post(base_url + "/v1/completions", json={"model": "smollm2", "prompt": "x", "max_tokens": -1})
+        assert bad.status_code == 400  # so the rejected-requests series has a sample
+        scraped = set(re.findall(r"^(pagedserve:[a-z0-9_]+?)(?:_bucket|_sum|_count)?(?:\{| )",
+                                 httpx.get(base_url + "/metrics", timeout=10).text, flags=re.M))
+        names = {re.sub(r"_bucket$", "", name) for name in _dashboard_metrics()}
+        assert names <= scraped, f"plotted by Grafana, not in /metrics: {sorted(names - scraped)}"
+        assert httpx.get(base_url + "/dashboard", timeout=10).status_code == 200
     finally:
         sup.stop_all(grace_s=20.0)
     for child in sup.children:  # SIGTERM is a clean stop: exit 0
