@@ -86,6 +86,7 @@ class AllocRequest:
     forks: list[Fork] = field(default_factory=list)
     # a (re)started scheduler or a lost worker: forget every request, all blocks free
     reset: bool = False
+    worker_id: str = ""  # whose pool: the kvstore keeps one per worker; step ids count per worker
 
 
 ALLOC_OK = "ok"
@@ -105,13 +106,25 @@ class AllocResult:
 
 @dataclass
 class AllocReply:
-    """kvstore -> scheduler, one per step: results in the candidates' order."""
+    """kvstore -> scheduler, one per step: results in the candidates' order.
+
+    KV events of this worker's pool since its last reply (vLLM's BlockStored/BlockRemoved/
+    AllBlocksCleared), for placement: each a concatenation of KEY_BYTES-byte keys, the
+    first bytes of a block's chained prefix hash. all_blocks_cleared comes before them.
+    """
 
     step_id: int
     results: list[AllocResult] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
     num_free_blocks: int = 0
     num_blocks: int = 0
+    worker_id: str = ""
+    blocks_stored: bytes = b""
+    blocks_removed: bytes = b""
+    all_blocks_cleared: bool = False
+
+
+KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix hash
 
 
 # ---- scheduler -> worker ---------------------------------------------------------------
@@ -181,6 +194,7 @@ class StepResult:
 
     step_id: int
     sampled: list[SampledToken] = field(default_factory=list)
+    worker_id: str = ""  # who ran it: the results stream is shared by every worker
 
 
 # ---- scheduler -> api ------------------------------------------------------------------

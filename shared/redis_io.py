@@ -158,6 +158,17 @@ async def latest_entry(r: aioredis.Redis, stream: str, expected: type) -> tuple[
     return None
 
 
+async def newest_per_worker(r: aioredis.Redis, stream: str, expected: type, count: int = 1000) -> list[tuple[bytes, Any]]:
+    """The newest decodable entry of each worker_id among a stream's last `count` (the
+    hellos a late joiner bootstraps from, several workers), oldest first."""
+    newest: dict[str, tuple[bytes, Any]] = {}
+    for entry_id, fields in await r.xrevrange(stream, count=count):
+        entry = _decode(stream, entry_id, fields, (expected,))
+        if entry.error is None:
+            newest.setdefault(entry.message.worker_id, (entry_id, entry.message))
+    return sorted(newest.values(), key=lambda e: stream_id_tuple(e[0]))
+
+
 def stream_id_tuple(entry_id: bytes | str) -> tuple[int, int]:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     ms, _, seq = text.partition("-")

@@ -4,12 +4,18 @@ Engine-wide numbers (running/waiting requests, KV usage, prefix-cache and token 
 preemptions) come from the scheduler's and the kvstore's stats blobs, read at scrape time:
 the route refreshes `StatsCollector.snapshot` and then renders the registry. Latency
 histograms are measured in this api process, per request.
+
+With several workers, the per-worker series carry a label worker="<id>" beside the
+unlabelled total (the sample with no worker label): generation tokens, requests running
+and waiting, KV cache usage, prefix cache queries and hits. Sum the labelled samples, or
+read the unlabelled one, never both.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.samples import Sample
 
 PREFIX = "pagedserve:"
 disable_created_metrics()  # no *_created series: they only add noise to every scrape
@@ -35,13 +41,16 @@ class StatsCollector:
     def collect(self):
         sched = self.snapshot.get("scheduler", {})
         kv = self.snapshot.get("kvstore", {})
-        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests running (prefill or decode).",
-                                value=_number(sched, "num_requests_running"))
-        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.",
-                                value=_number(sched, "num_requests_waiting"))
-        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
-                                "KV cache usage: fraction of blocks held by requests (1 = full, 0 idle).",
-                                value=kv_usage(kv))
+        sched_workers, kv_workers = _workers(sched), _workers(kv)
+        yield _per_worker(GaugeMetricFamily(PREFIX + "num_requests_running", "Requests running (prefill or decode).",
+                                            value=_number(sched, "num_requests_running")),
+                          sched_workers, lambda w: _number(w, "num_requests_running"))
+        yield _per_worker(GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.",
+                                            value=_number(sched, "num_requests_waiting")),
+                          sched_workers, lambda w: _number(w, "num_requests_waiting"))
+        yield _per_worker(GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
+                                            "KV cache usage: fraction of blocks held by requests (1 = full, 0 idle).",
+                                            value=kv_usage(kv)), kv_workers, kv_usage)
         yield GaugeMetricFamily(PREFIX + "kv_cache_cached_free_blocks",
                                 "Blocks nobody holds that still cache a prefix (evicted least recently freed first).",
                                 value=_number(kv, "num_cached_free_blocks"))
@@ -58,8 +67,24 @@ class StatsCollector:
             ("generation_tokens", "Generation tokens produced.", sched, "generation_tokens_total"),
             ("num_preemptions", "Cumulative preemptions.", sched, "num_preemptions_total"),
         )
+        per_worker = {"prefix_cache_queries": kv_workers, "prefix_cache_hits": kv_workers,
+                      "generation_tokens": sched_workers}
         for name, doc, blob, key in counters:
-            yield CounterMetricFamily(PREFIX + name, doc, value=_number(blob, key))
+            family = CounterMetricFamily(PREFIX + name, doc, value=_number(blob, key))
+            yield _per_worker(family, per_worker.get(name, {}), lambda w, key=key: _number(w, key))
+
+
+def _workers(blob: dict) -> dict[str, dict]:
+    workers = blob.get("workers")
+    return {str(k): v for k, v in workers.items() if isinstance(v, dict)} if isinstance(workers, dict) else {}
+
+
+def _per_worker(family, workers: dict[str, dict], value_of):
+    """family plus one sample labelled worker="<id>" per worker (beside its unlabelled total)."""
+    name = family.name + ("_total" if family.type == "counter" else "")
+    for worker_id, blob in sorted(workers.items()):
+        family.samples.append(Sample(name, {"worker": worker_id}, value_of(blob)))
+    return family
 
 
 def kv_usage(kv: dict) -> float:

@@ -1,7 +1,8 @@
 """The worker service's Redis loop: the only worker file that touches Redis.
 
 Start: skip whatever waits on its plan stream (meant for a dead predecessor), heartbeat
-"worker:<id>", then say hello (pool size, block size, model limits) on worker_hello: the
+"worker:<id>" (its lease: the scheduler and the kvstore drop a worker whose key expired,
+HEARTBEAT_TTL_S after its last beat), then say hello (pool size, block size, model limits) on worker_hello: the
 heartbeat comes first, so a peer that reads the hello finds the heartbeat of the same
 incarnation. Then one StepResult on worker_results per StepPlan read from
 worker_plan(<id>) (group "worker"). Plans run on the worker's compute thread (the one that
@@ -78,6 +79,7 @@ class WorkerLoop:
                     continue
                 result = await self._execute(entry)
                 if result is not None:
+                    result.worker_id = self.worker_id  # the results stream is every worker's
                     results.put_nowait(result)
             with contextlib.suppress(TimeoutError):  # hand over what is computed, if Redis lets us
                 await asyncio.wait_for(results.join(), STOP_POLL_S)
@@ -90,7 +92,7 @@ class WorkerLoop:
 
     async def _rejoin(self, heartbeat: Heartbeat, hello: WorkerHello, plans: str) -> None:
         await heartbeat.start_beat()
-        await redis_io.ensure_group(self.r, plans, GROUP, skip_backlog=True)
+        await redis_io.ensure_group(self.r, plans, GROUP)  # empty since the restart: nothing stale to skip
         await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
         log.warning("worker %s: redis restarted; said hello again", self.worker_id)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import logging
+import os
+import socket
 import sys
 
 from shared import redis_io
@@ -20,7 +22,12 @@ log = logging.getLogger("pagedserve.worker")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     redis_io.add_common_arguments(parser)
-    parser.add_argument("--worker-id", default="0", help="this worker's id (its plan stream and heartbeat)")
+    parser.add_argument("--worker-id", default=None,
+                        help="this worker's id (its plan stream, pool and heartbeat); default <hostname>-<pid>, "
+                             "unique per process, so several workers (or `compose --scale`) never collide")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for this worker's torch/OpenMP (default: torch's, all cores); "
+                             "`pagedserve up --workers N` splits the cores between its workers")
     parser.add_argument("--model", default="smollm2", help="model name, GGUF file or HF directory")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -41,11 +48,27 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
                         num_blocks=args.num_blocks, max_model_len=args.max_model_len, seed=args.seed)
 
 
-def _load_worker(config: EngineConfig):
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def check_worker_args(args: argparse.Namespace) -> None:
+    """ConfigError naming the field; fills the default worker id."""
+    if args.worker_id is None:
+        args.worker_id = default_worker_id()
+    if not args.worker_id or any(c.isspace() or c == ":" for c in args.worker_id):
+        raise ConfigError(f"invalid config field 'worker_id'={args.worker_id!r}: non-empty, no spaces or ':'")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"invalid config field 'threads'={args.threads!r}: at least 1")
+
+
+def _load_worker(config: EngineConfig, threads: int | None):
     import torch
 
     from services.gpu_worker.worker import Worker
 
+    if threads is not None:
+        torch.set_num_threads(threads)  # on the compute thread: its OpenMP team is this size
     torch.manual_seed(config.seed)
     return Worker(config)
 
@@ -53,6 +76,7 @@ def _load_worker(config: EngineConfig):
 def run(args: argparse.Namespace) -> int:
     try:
         redis_io.setup_logging(args.log_level)
+        check_worker_args(args)
         config = build_config(args)
     except ConfigError as e:
         log.critical("bad config: %s", e)
@@ -63,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
     # step. OpenMP gives each thread that calls into torch its own team of worker threads; a
     # second team (the asyncio thread's, say) spins and sleeps against the first on the same
     # cores: a decode step measured 65 ms with one team and 86-95 ms once a second existed.
+    if args.threads is not None:  # before torch loads: OpenMP reads it once
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
-        worker = compute.submit(_load_worker, config).result()
+        worker = compute.submit(_load_worker, config, args.threads).result()
     except Exception as e:  # a model that cannot load or a pool that does not fit
         log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
         return 1

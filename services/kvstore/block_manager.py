@@ -24,18 +24,19 @@ from services.kvstore.alloc_step import run_step
 from services.kvstore.block_hash import hash_full_blocks, root_hash
 from services.kvstore.block_pool import BlockPool
 from services.kvstore.block_table import BlockTable, num_blocks_for
-from shared.messages import AllocReply, AllocRequest
+from shared.messages import KEY_BYTES, AllocReply, AllocRequest
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False,
-                 watermark: float = 0.01, hash_keys: Sequence[str] = ()) -> None:
-        """hash_keys: what besides the tokens makes K/V differ for every request (the model)."""
+                 watermark: float = 0.01, hash_keys: Sequence[str] = (), record_events: bool = False) -> None:
+        """hash_keys: what besides the tokens makes K/V differ for every request (the model).
+        record_events: keep the hash table's changes for take_kv_events() (placement)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, record_events=record_events)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         # admission keeps this many blocks free for running requests to grow into
@@ -177,6 +178,12 @@ class BlockManager:
         """The (src, dst) copies made since the last call, for this step's reply."""
         copies, self._block_copies = self._block_copies, []
         return copies
+
+    def take_kv_events(self) -> tuple[bytes, bytes, bool]:
+        """(keys stored, keys removed, all cleared first) since the last call, as AllocReply
+        carries them: each key the first KEY_BYTES bytes of a block's prefix hash."""
+        stored, removed, cleared = self.pool.take_events()
+        return b"".join(h[:KEY_BYTES] for h in stored), b"".join(h[:KEY_BYTES] for h in removed), cleared
 
     def reset_prefix_cache(self) -> int:
         """Empty the hash table (POST /admin/prefix-cache/reset); how many prefixes were dropped."""

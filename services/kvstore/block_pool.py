@@ -5,6 +5,10 @@ the LRU of unreferenced cached blocks.
 Invariants (check_integrity): free xor held (ref_cnt == 0 exactly in the free queue); the hash
 table maps h -> block exactly when block.block_hash == h; the queue is well linked, each block
 at most once; num_cached_free_blocks counts free blocks carrying a hash.
+
+KV events (for the scheduler's placement index): with record_events, every change of the
+hash table since take_events() is kept as a net diff, hash -> stored (True) or removed
+(False), the last change winning, plus whether the whole table was cleared first.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from services.kvstore.free_queue import FreeQueue
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, record_events: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -26,6 +30,9 @@ class BlockPool:
         self.cached_blocks: dict[bytes, KVBlock] = {}  # block_hash -> the full block holding it
         self.num_evictions = 0  # cached free blocks reused for something else
         self.num_cached_free_blocks = 0  # free blocks still findable by their hash
+        self.record_events = record_events
+        self._events: dict[bytes, bool] = {}  # net hash-table diff since take_events()
+        self._cleared = False
 
     @property
     def num_free_blocks(self) -> int:
@@ -84,6 +91,8 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
+        if self.record_events:
+            self._events[block_hash] = True
         return True
 
     def reset_cache(self) -> int:
@@ -94,10 +103,21 @@ class BlockPool:
             block.block_hash = None
         self.cached_blocks.clear()
         self.num_cached_free_blocks = 0
+        if self.record_events:
+            self._events.clear()
+            self._cleared = True
         return num_dropped
+
+    def take_events(self) -> tuple[list[bytes], list[bytes], bool]:
+        """(hashes stored, hashes removed, cleared before them) since the last call."""
+        events, cleared = self._events, self._cleared
+        self._events, self._cleared = {}, False
+        return [h for h, stored in events.items() if stored], [h for h, stored in events.items() if not stored], cleared
 
     def _evict(self, block: KVBlock) -> None:
         del self.cached_blocks[block.block_hash]
+        if self.record_events:
+            self._events[block.block_hash] = False
         block.block_hash = None
         self.num_evictions += 1
 

@@ -41,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="api processes serving the port together (SO_REUSEPORT; default 1)")
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on a CPU (default 2GiB)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="workers to start (data parallel: each its own model copy and KV pool; default 1)")
+    parser.add_argument("--threads-per-worker", type=int, default=None,
+                        help="CPU threads of each worker (default: the cores split between the workers, at least 1)")
+    parser.add_argument("--router", default="prefix", choices=["prefix", "round-robin"],
+                        help="placement of requests on workers (default prefix: cached prefix against load)")
+    parser.add_argument("--prefill-weight", type=float, default=None, help="router: cost of an uncached prompt block")
+    parser.add_argument("--decode-weight", type=float, default=None, help="router: cost of a block already running")
     parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=True,
                         help="share cached prefix blocks between requests (default)")
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
@@ -82,6 +90,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
     if getattr(args, "api_replicas", 1) < 1:
         raise ConfigError(f"--api-replicas={args.api_replicas}: must be at least 1")
+    for option in ("workers", "threads_per_worker"):
+        if getattr(args, option, None) is not None and getattr(args, option) < 1:
+            raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
+    from services.scheduler.main import check_router
+
+    check_router(getattr(args, "router", "prefix"), *(1.0 if getattr(args, f, None) is None else getattr(args, f)
+                                                      for f in ("prefill_weight", "decode_weight")))
     for option in ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "max_waiting_requests",
                    "max_waiting_tokens", "max_prompt_tokens", "max_output_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
@@ -110,22 +125,36 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     if args.device:
         worker += ["--device", args.device]
     api = ["--model", args.model, "--host", args.host, "--port", str(args.port)]
-    scheduler = ["--policy", args.policy, "--policy-options", args.policy_options]
+    scheduler = ["--policy", args.policy, "--policy-options", args.policy_options,
+                 "--router", getattr(args, "router", "prefix")]
     if not getattr(args, "async_scheduling", True):
         scheduler.append("--no-async-scheduling")
     for option, extra in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
                           ("long_prefill_token_threshold", scheduler),
                           ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
-                          ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api)):
+                          ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api),
+                          ("prefill_weight", scheduler), ("decode_weight", scheduler)):
         if getattr(args, option, None) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
 
     def cmd(module: str, extra: list[str]) -> list[str]:
         return [sys.executable, "-m", f"services.{module}.main", *common, *extra]
 
-    return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", scheduler)),
-            ("worker", cmd("gpu_worker", worker)),
+    num_workers = getattr(args, "workers", 1)
+    threads = worker_threads(num_workers, getattr(args, "threads_per_worker", None))
+    if threads is not None:
+        worker += ["--threads", str(threads)]
+    workers = [("worker" if num_workers == 1 else f"worker{i}", cmd("gpu_worker", worker)) for i in range(num_workers)]
+    return [("kvstore", cmd("kvstore", kvstore)), ("scheduler", cmd("scheduler", scheduler)), *workers,
             *api_replicas(cmd("api", api), getattr(args, "api_replicas", 1), args.host, args.port)]
+
+
+def worker_threads(num_workers: int, threads_per_worker: int | None) -> int | None:
+    """Each worker's CPU threads: as asked, else the cores split between several workers
+    (at least 1 each); None for a lone worker (torch's default: every core)."""
+    if threads_per_worker is not None or num_workers == 1:
+        return threads_per_worker
+    return max(1, len(os.sched_getaffinity(0)) // num_workers)
 
 
 def child_env(redis_url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -235,9 +264,15 @@ def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis
         report_failure(sup, why)
         return 1
     print(f"pagedserve ready at http://{args.host}:{args.port}", flush=True)
+    lost: set[str] = set()  # workers gone while others serve on (their requests moved)
     while not stop.wait(0.5):
-        dead = sup.first_dead()
-        if dead is not None:
-            report_failure(sup, f"{dead.name} exited with {dead.returncode()}")
-            return 1
+        dead = [c for c in sup.children if c.returncode() is not None and c.name not in lost]
+        workers = [c for c in sup.children if c.name.startswith("worker")]
+        for child in dead:
+            if child.name.startswith("worker") and any(w.returncode() is None for w in workers):
+                log.warning("%s exited with %s: the other workers serve on", child.name, child.returncode())
+                lost.add(child.name)
+            else:
+                report_failure(sup, f"{child.name} exited with {child.returncode()}")
+                return 1
     return 0

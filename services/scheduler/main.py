@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send a request's tokens to the api every N tokens (its first and last at once); "
                              "more than 1 trades streaming smoothness for less CPU per token (default 1)")
+    parser.add_argument("--router", default="prefix", choices=["prefix", "round-robin"],
+                        help="placement of each request on a worker: prefix (lowest prefill_weight x uncached "
+                             "prompt blocks + decode_weight x the worker's load in blocks; default) or round-robin")
+    parser.add_argument("--prefill-weight", type=float, default=1.0,
+                        help="router cost of one prompt block not cached on a worker (default 1)")
+    parser.add_argument("--decode-weight", type=float, default=1.0,
+                        help="router cost of one block of the requests already on a worker (default 1)")
     parser.add_argument("--step-timeout", type=float, default=30.0,
                         help="seconds to wait for the kvstore's or the worker's reply before resetting them")
 
@@ -65,10 +72,24 @@ def _check(args: argparse.Namespace) -> None:
                           f"{args.long_prefill_token_threshold!r}: 0 (no cap) or more")
     if not args.step_timeout > 0:
         raise ConfigError(f"invalid config field 'step_timeout'={args.step_timeout!r}: must be > 0")
+    check_router(args.router, args.prefill_weight, args.decode_weight)
+
+
+def check_router(router: str, prefill_weight: float, decode_weight: float) -> None:
+    from services.scheduler.placement import ROUTERS
+
+    if router not in ROUTERS:
+        raise ConfigError(f"invalid config field 'router'={router!r}: one of {', '.join(ROUTERS)}")
+    for field, value in (("prefill_weight", prefill_weight), ("decode_weight", decode_weight)):
+        if not value >= 0 or value == float("inf"):
+            raise ConfigError(f"invalid config field {field!r}={value!r}: a finite number >= 0")
+    if prefill_weight == decode_weight == 0:
+        raise ConfigError("invalid config field 'decode_weight'=0.0: prefill_weight and decode_weight both 0")
 
 
 def run(args: argparse.Namespace) -> int:
     from services.scheduler.loop import SchedulerLoop
+    from services.scheduler.placement import Router
     from services.scheduler.scheduler import Scheduler
 
     try:
@@ -78,20 +99,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.critical("bad config: %s", e)
         return 2
-    log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s", args.redis_url, args.prefix,
-             policy.name, args.async_scheduling)
+    log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s router=%s", args.redis_url,
+             args.prefix, policy.name, args.async_scheduling, args.router)
+
+    def make_scheduler() -> Scheduler:  # one per worker; the policy object is shared (loop.py)
+        return Scheduler(policy, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                         max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
+                         max_steps_in_flight=2 if args.async_scheduling else 1, stream_interval=args.stream_interval,
+                         long_prefill_token_threshold=args.long_prefill_token_threshold)
 
     async def main(stop) -> int:
         r = await redis_io.connect(args.redis_url)
         try:
-            scheduler = Scheduler(policy, max_num_seqs=args.max_num_seqs,
-                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                  long_prefill_token_threshold=args.long_prefill_token_threshold,
-                                  max_waiting_requests=args.max_waiting_requests,
-                                  max_waiting_tokens=args.max_waiting_tokens,
-                                  max_steps_in_flight=2 if args.async_scheduling else 1,
-                                  stream_interval=args.stream_interval)
-            return await SchedulerLoop(r, Keys(args.prefix), scheduler, args.step_timeout).run(stop)
+            router = Router(args.router, args.prefill_weight, args.decode_weight)
+            return await SchedulerLoop(r, Keys(args.prefix), make_scheduler, args.step_timeout, router).run(stop)
         finally:
             await r.aclose()
 

@@ -118,6 +118,17 @@ class Request:
     def finish_reason(self) -> str | None:
         return self.status.finish_reason
 
+    def check_fresh(self, max_model_len: int) -> None:
+        """ValueError unless this is a fresh WAITING request a scheduler may add."""
+        if self.status is not RequestStatus.WAITING or self.num_computed_tokens:
+            raise ValueError("only a fresh WAITING request can be added")
+        if not 0 < self.num_tokens < max_model_len:
+            raise ValueError(f"prompt of {self.num_tokens} tokens must be within [1, {max_model_len})")
+        if self.sampling.max_tokens < 1 or self.sampling.n < 1:
+            raise ValueError("max_tokens must be >= 1 and n must be >= 1")
+        if self.is_fork_parent and self.output_token_ids:
+            raise ValueError("n > 1 only for a fresh prompt: a resubmission is one sequence each")
+
     # ---- transitions (the scheduler moves the request between its queues) ------------
 
     def admit(self, num_cached_tokens: int) -> None:

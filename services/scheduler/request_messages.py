@@ -35,3 +35,16 @@ def request_delta(request: Request, new_token_ids: list[int], logprobs: list[Sam
         num_cached_tokens=request.num_cached_tokens,
         logprobs=list(logprobs),
     )
+
+
+
+def stream_delta(request: Request, stream_interval: int, force: bool = False) -> RequestDelta | None:
+    """Every output token (and its logprobs) the api has not been sent yet, if due: the
+    first token at once, later ones every stream_interval tokens (force: now)."""
+    if not (force or request.num_streamed_tokens == 0
+            or request.num_output_tokens - request.num_streamed_tokens >= stream_interval):
+        return None
+    new_token_ids = request.output_token_ids[request.num_streamed_tokens:]
+    request.num_streamed_tokens = request.num_output_tokens
+    logprobs, request.unstreamed_logprobs = request.unstreamed_logprobs, []
+    return request_delta(request, new_token_ids, logprobs)

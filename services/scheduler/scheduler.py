@@ -10,14 +10,12 @@ worker in between (in-process or over Redis):
 Drive it `while scheduler.has_requests()`: a step with no tokens still carries frees to the
 kvstore, dropped ids to the worker and abort deltas to the api.
 
-Async scheduling (max_steps_in_flight=2): the next step may be scheduled, allocated and
-planned while one step is in flight (after its on_alloc, before its on_result), so the
-worker finds plan N+1 waiting when it finishes step N. Each decode of step N+1 computes
-the position of the token step N samples; the worker knows that token, the scheduler
-does not yet (Request.num_pending_tokens). Results come back in step order. Costs: a
-request that stops at step N (EOS, a stop token) computes one wasted token in step N+1,
-and its blocks are freed one step later; max_tokens and max_model_len are known ahead
-and never overrun.
+Async scheduling (max_steps_in_flight=2): step N+1 is scheduled, allocated and planned
+while step N is in flight, so the worker finds plan N+1 waiting. Its decodes compute the
+positions of the tokens step N samples (Request.num_pending_tokens); results come back in
+step order. Cost: a request that stops at step N (EOS, a stop token) computes one wasted
+token in step N+1; max_tokens and max_model_len are known ahead and never overrun.
+One Scheduler serves one worker (loop.py keeps one per worker; handover.py: migration).
 
 Invariants between steps:
 - every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING),
@@ -50,7 +48,7 @@ from services.scheduler.displacement import pick_displaced
 from services.scheduler.fork import ForkGroups
 from services.scheduler.policy import SchedulingPolicy
 from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta
+from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta, stream_delta
 from services.scheduler.stats import SchedulerCounters, SchedulerStats
 from services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
 from shared.messages import (
@@ -117,14 +115,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
-            raise ValueError("only a fresh WAITING request can be added")
-        if not 0 < request.num_tokens < self.max_model_len:
-            raise ValueError(f"prompt of {request.num_tokens} tokens must be within [1, {self.max_model_len})")
-        if request.sampling.max_tokens < 1 or request.sampling.n < 1:
-            raise ValueError("max_tokens must be >= 1 and n must be >= 1")
-        if request.is_fork_parent and request.output_token_ids:
-            raise ValueError("n > 1 only for a fresh prompt: a resubmission is one sequence each")
+        request.check_fresh(self.max_model_len)
         request.arrival_seq = next(self._arrival_seq)
         children = self._forks.make_children(request) if request.is_fork_parent else []
         if any(child.request_id in self._requests for child in children):
@@ -196,6 +187,9 @@ class Scheduler:
         pays only then (frees and aborts ride with the step after its result)."""
         return (any(r.num_tokens_wanted(self.max_model_len) > 0 for r in self._running)
                 or any(not r.num_pending_tokens for r in self._waiting))
+
+    def live_requests(self) -> list[Request]:  # waiting, running, held fork children
+        return list(self._requests.values())
 
     @property
     def num_waiting(self) -> int:
@@ -332,24 +326,14 @@ class Scheduler:
                 finished.append(request)
             if request.sampling.logprobs is not None:
                 request.unstreamed_logprobs.append(token)
-            if finished_status is not None or self._stream_due(request):
-                deltas.append(self._stream_delta(request))
+            delta = stream_delta(request, self.stream_interval, finished_status is not None)
+            if delta is not None:
+                deltas.append(delta)
         if finished:
             self._running = [r for r in self._running if not r.is_finished]
             if any(r.is_finished for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if not r.is_finished)
         return deltas
-
-    def _stream_due(self, request: Request) -> bool:
-        return (request.num_streamed_tokens == 0
-                or request.num_output_tokens - request.num_streamed_tokens >= self.stream_interval)
-
-    def _stream_delta(self, request: Request) -> RequestDelta:
-        """Every output token (and its logprobs) the api has not been sent yet."""
-        new_token_ids = request.output_token_ids[request.num_streamed_tokens:]
-        request.num_streamed_tokens = request.num_output_tokens
-        logprobs, request.unstreamed_logprobs = request.unstreamed_logprobs, []
-        return request_delta(request, new_token_ids, logprobs)
 
     # ---- recovery: the kvstore or the worker lost its state ---------------------------
 

@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
 MODULES = {"kvstore": "services.kvstore.main", "worker": "services.gpu_worker.main",
            "scheduler": "services.scheduler.main"}
-DEFAULT_ARGS = {"kvstore": [], "worker": ["--dtype", "float32", "--num-blocks", "256"], "scheduler": []}
+DEFAULT_ARGS = {"kvstore": [], "worker": ["--dtype", "float32", "--num-blocks", "256", "--worker-id", "0"],
+                "scheduler": []}
 START_TIMEOUT_S = 180.0
 
 

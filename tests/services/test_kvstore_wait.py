@@ -44,8 +44,8 @@ def test_a_change_waits_until_the_quiet_integrity_check(kv):
 def test_no_quiet_check_while_requests_hold_blocks(kv):
     now = time.monotonic()
     kv.last_integrity, kv.last_change = now - 2, now - 1  # quiet for a second: a slow step
-    kv.manager = SimpleNamespace(num_held_blocks=12)  # ... but requests still hold blocks
+    kv.pools = SimpleNamespace(num_held_blocks=12, pools={})  # ... but requests still hold blocks
     assert not kv._integrity_due(now, idle=True)
     assert kv._block_ms() > 1000 * kv_loop.QUIET_S  # only the 10 s check or the 1 s read bound
-    kv.manager = SimpleNamespace(num_held_blocks=0)  # all freed: the burst is over
+    kv.pools = SimpleNamespace(num_held_blocks=0, pools={})  # all freed: the burst is over
     assert kv._integrity_due(now, idle=True)

@@ -1,0 +1,149 @@
+"""The kvstore's table of workers: one BlockManager (pool, free queue, prefix table,
+refcounts) per live worker, keyed by worker id. Pure: no Redis (loop.py drives it).
+
+A worker joins with its hello: a new pool, empty, of the size it announced; a hello from a
+known id is a restarted worker (new incarnation) and replaces that worker's pool alone.
+A worker whose lease expired is dropped with everything its pool held (Dynamo's worker
+removal; the scheduler sees the prefixes go as its requests migrate). No other worker's
+pool is touched by a join or a drop.
+
+Each AllocRequest names its worker and is answered from that worker's pool, with the KV
+events (prefix hashes stored/removed, all cleared) of that pool since its last reply. Until
+the scheduler's reset=True request arrives for a new pool, its other requests are answered
+empty (a fresh pool knows nothing of the running requests they name). A non-reset request
+whose step_id is not above the last one seen for that worker is a redelivery (None).
+
+Counters (COUNTERS) never go down: a replaced or dropped pool's counters are carried into
+the totals; per worker they carry over a restart under the same id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from services.kvstore.block_manager import BlockManager
+from shared.messages import AllocReply, AllocRequest, WorkerHello
+
+log = logging.getLogger("pagedserve.kvstore")
+
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_evictions", "num_block_copies",
+            "num_prefix_cache_resets")
+
+
+@dataclass
+class WorkerPool:
+    hello: WorkerHello
+    manager: BlockManager
+    incarnation: str | None = None  # the heartbeat value the worker had when it joined
+    synced: bool = False  # a reset has come since this pool was created
+    last_step_id: int | None = None
+    base: Counter[str] = field(default_factory=Counter)  # counters of this id's earlier pools
+
+
+class WorkerPools:
+    def __init__(self, enable_prefix_caching: bool = False, watermark: float = 0.01) -> None:
+        self.enable_prefix_caching, self.watermark = enable_prefix_caching, watermark
+        self.pools: dict[str, WorkerPool] = {}
+        self.dropped_base: Counter[str] = Counter()  # counters of every pool replaced or dropped
+
+    def _manager(self, hello: WorkerHello) -> BlockManager:
+        return BlockManager(hello.num_blocks, hello.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                            watermark=self.watermark, hash_keys=(hello.model,), record_events=True)
+
+    def join(self, hello: WorkerHello, incarnation: str | None = None) -> None:
+        old = self.pools.get(hello.worker_id)
+        base = Counter()
+        if old is not None:
+            counts = _counters(old.manager)
+            self.dropped_base.update(counts)
+            base = old.base + counts
+        self.pools[hello.worker_id] = WorkerPool(hello, self._manager(hello), incarnation, base=base)
+
+    def drop(self, worker_id: str) -> int:
+        """Forget the worker and its pool; the number of blocks its requests held."""
+        pool = self.pools.pop(worker_id, None)
+        if pool is None:
+            return 0
+        self.dropped_base.update(_counters(pool.manager))
+        return pool.manager.num_held_blocks
+
+    def apply(self, request: AllocRequest) -> AllocReply | None:
+        """The reply to one worker's step (see the module doc), or None for a redelivery."""
+        pool = self.pools.get(request.worker_id)
+        step_id = request.step_id
+        if pool is None:
+            log.error("alloc request for step %d of worker %r, which has not said hello", step_id, request.worker_id)
+            return AllocReply(step_id, worker_id=request.worker_id)
+        if not request.reset and pool.last_step_id is not None and step_id <= pool.last_step_id:
+            log.warning("alloc request for step %d of worker %s redelivered (last %d): dropped", step_id,
+                        request.worker_id, pool.last_step_id)
+            return None
+        if not request.reset and not pool.synced:
+            log.warning("alloc request for step %d of worker %s before the scheduler's reset: refused", step_id,
+                        request.worker_id)
+            return AllocReply(step_id, worker_id=request.worker_id)
+        if request.reset:
+            held = pool.manager.num_held_blocks
+            self.join(pool.hello, pool.incarnation)
+            pool = self.pools[request.worker_id]
+            pool.synced = True
+            log.info("worker %s reset by the scheduler at step %d (%d blocks were held)", request.worker_id,
+                     step_id, held)
+        pool.last_step_id = step_id
+        manager = pool.manager
+        try:
+            reply = manager.step(request)
+        except Exception as e:  # a request the manager refuses must not end the loop
+            log.error("alloc request for step %d of worker %s refused: %s: %s", step_id, request.worker_id,
+                      type(e).__name__, e)
+            reply = AllocReply(step_id, num_free_blocks=manager.num_free_blocks, num_blocks=manager.num_blocks)
+        reply.worker_id = request.worker_id
+        reply.blocks_stored, reply.blocks_removed, cleared = manager.take_kv_events()
+        # a reset pool is a new, empty one: whatever the scheduler indexed for it is gone
+        reply.all_blocks_cleared = cleared or request.reset
+        return reply
+
+    def reset_prefix_cache(self) -> int:
+        return sum(pool.manager.reset_prefix_cache() for pool in self.pools.values())
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(pool.manager.num_held_blocks for pool in self.pools.values())
+
+    def check_integrity(self) -> str | None:
+        """The first broken invariant, naming its worker, or None."""
+        for worker_id, pool in self.pools.items():
+            try:
+                pool.manager.check_integrity()
+            except AssertionError as e:
+                return f"worker {worker_id}: {e or 'integrity check failed'}"
+        return None
+
+    def stats(self) -> dict:
+        """Totals over every pool (counters monotonic), and "workers": each pool's own."""
+        workers = {}
+        for worker_id, pool in self.pools.items():
+            own = pool.manager.stats()
+            own.update({key: own[key] + pool.base[key] for key in COUNTERS})
+            workers[worker_id] = own
+        num_blocks = sum(own["num_blocks"] for own in workers.values())
+        num_held = sum(own["num_held_blocks"] for own in workers.values())
+        totals = {"num_blocks": num_blocks, "num_held_blocks": num_held,
+                  "num_free_blocks": sum(own["num_free_blocks"] for own in workers.values()),
+                  "usage": num_held / num_blocks if num_blocks else 0.0,
+                  "num_cached_blocks": sum(own["num_cached_blocks"] for own in workers.values()),
+                  "num_cached_free_blocks": sum(own["num_cached_free_blocks"] for own in workers.values()),
+                  "prefix_caching": self.enable_prefix_caching}
+        for key in COUNTERS:
+            totals[key] = self.dropped_base[key] + sum(_counters(pool.manager)[key] for pool in self.pools.values())
+        queries = totals["prefix_cache_queries"]
+        totals["prefix_cache_hit_rate"] = totals["prefix_cache_hits"] / queries if queries else 0.0
+        totals["workers"] = workers
+        return totals
+
+
+def _counters(manager: BlockManager) -> Counter[str]:
+    stats = manager.stats()
+    return Counter({key: stats[key] for key in COUNTERS})

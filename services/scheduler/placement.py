@@ -1,0 +1,126 @@
+"""Placement: which worker a request runs on. Pure (no Redis): the loop feeds it.
+
+Decided once per request, when it enters a worker's queue (on arrival, or when its worker
+died), as NVIDIA Dynamo's KV router does:
+
+    cost(w) = prefill_weight * (prompt blocks not cached on w) + decode_weight * load(w)
+
+load(w): blocks of the requests already placed on w (waiting or running), counted by their
+current tokens; counting the waiting ones too spreads a burst that arrives between two
+steps (Dynamo adds a request's predicted blocks to its worker as soon as it is routed).
+The lowest cost wins; ties go to the lower load, then round robin. `round-robin` ignores
+cost (to measure what prefix routing buys).
+
+Which blocks each worker has cached comes from the kvstore's KV events (AllocReply:
+blocks_stored / blocks_removed / all_blocks_cleared), indexed here per worker. A block's
+key is the first KEY_BYTES of its chained prefix hash (services/kvstore/block_hash.py:
+hash(parent hash, tokens)), so a key stands for the whole prefix up to that block: a
+request's overlap with a worker is how many of its leading block keys that worker holds,
+the same answer a radix tree over the blocks gives (Dynamo's indexer), with one dict
+lookup per block for all workers at once. The index may lag the pools by a step: a
+placement on a stale view costs a recompute, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.kvstore.block_hash import hash_full_blocks, root_hash
+from shared.messages import KEY_BYTES
+
+ROUTERS = ("prefix", "round-robin")
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "") -> list[bytes]:
+    """The KV-event keys of every full block of token_ids, as the kvstore hashes them."""
+    root = root_hash((model, cache_salt))
+    return [h[:KEY_BYTES] for h in hash_full_blocks(token_ids, block_size, root)]
+
+
+def split_keys(blob: bytes) -> list[bytes]:
+    return [blob[i:i + KEY_BYTES] for i in range(0, len(blob) - KEY_BYTES + 1, KEY_BYTES)]
+
+
+class PrefixIndex:
+    """block key -> the workers holding that block cached (from KV events)."""
+
+    def __init__(self) -> None:
+        self._workers_of: dict[bytes, set[str]] = {}
+        self._keys_of: dict[str, set[bytes]] = {}
+
+    def apply(self, worker_id: str, stored: bytes = b"", removed: bytes = b"", cleared: bool = False) -> None:
+        """One reply's events: cleared first, then stored, then removed (a net diff: no key
+        is in both)."""
+        if cleared:
+            self.drop(worker_id)
+        keys = self._keys_of.setdefault(worker_id, set())
+        for key in split_keys(stored):
+            keys.add(key)
+            self._workers_of.setdefault(key, set()).add(worker_id)
+        for key in split_keys(removed):
+            keys.discard(key)
+            holders = self._workers_of.get(key)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._workers_of[key]
+
+    def drop(self, worker_id: str) -> None:
+        """Forget every block of a worker (left, or its pool was reset)."""
+        for key in self._keys_of.pop(worker_id, ()):
+            holders = self._workers_of[key]
+            holders.discard(worker_id)
+            if not holders:
+                del self._workers_of[key]
+
+    def num_cached(self, worker_id: str) -> int:
+        return len(self._keys_of.get(worker_id, ()))
+
+    def overlaps(self, keys: Sequence[bytes], worker_ids: Sequence[str]) -> dict[str, int]:
+        """Per worker, how many of the leading keys it holds (its cached prefix, in blocks)."""
+        overlap = dict.fromkeys(worker_ids, 0)
+        alive = set(worker_ids)
+        for depth, key in enumerate(keys, start=1):
+            alive &= self._workers_of.get(key, set())
+            if not alive:
+                break
+            for worker_id in alive:
+                overlap[worker_id] = depth
+        return overlap
+
+
+@dataclass(frozen=True)
+class Candidate:
+    worker_id: str
+    load_blocks: int  # blocks of the requests already placed there
+
+
+class Router:
+    def __init__(self, mode: str = "prefix", prefill_weight: float = 1.0, decode_weight: float = 1.0) -> None:
+        if mode not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {mode!r}")
+        if prefill_weight < 0 or decode_weight < 0 or prefill_weight + decode_weight == 0:
+            raise ValueError("prefill_weight and decode_weight must be >= 0, not both 0")
+        self.mode, self.prefill_weight, self.decode_weight = mode, prefill_weight, decode_weight
+        self.index = PrefixIndex()
+        self._turn = itertools.count()
+
+    def costs(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> dict[str, float]:
+        """Each candidate's cost for a request of num_blocks blocks whose full blocks are keys."""
+        overlaps = self.index.overlaps(keys, [c.worker_id for c in candidates])
+        return {c.worker_id: self.prefill_weight * (num_blocks - overlaps[c.worker_id])
+                + self.decode_weight * c.load_blocks for c in candidates}
+
+    def place(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> str:
+        """The chosen worker's id (candidates: at least one, any order)."""
+        if not candidates:
+            raise ValueError("no worker to place on")
+        ordered = sorted(candidates, key=lambda c: c.worker_id)
+        turn = next(self._turn) % len(ordered)
+        rotation = {c.worker_id: (i - turn) % len(ordered) for i, c in enumerate(ordered)}
+        if self.mode == "round-robin":
+            return ordered[turn].worker_id
+        costs = self.costs(keys, num_blocks, ordered)
+        return min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id

@@ -1,0 +1,204 @@
+"""The scheduler's table of workers: per live worker, its own Scheduler and step state.
+
+Pure (no Redis): loop.py moves the messages. Each worker steps on its own (ARCHITECTURE.md,
+milestone 2): its lane holds the Scheduler of the requests placed on it (queues, policy
+order, steps in flight), the step awaiting its alloc reply, the plans awaiting their
+results and the replies read ahead of their turn. A slow or dead worker delays only its
+own lane.
+
+A worker joins with a hello whose heartbeat is alive (its lease) and leaves when that key
+expires or changes incarnation (a restart: the lane stays, its requests recompute on the
+new process); the lane of a worker that left is emptied into the survivors (handover.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.scheduler.admission import admission_table, queue_stats
+from services.scheduler.api_routes import final_delta
+from services.scheduler.handover import adopt, release_all
+from services.scheduler.placement import Candidate, Router, block_keys
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.scheduler import Scheduler
+from shared.messages import AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
+from shared.parallel_sampling import child_request_ids
+
+log = logging.getLogger("pagedserve.scheduler")
+
+COUNTERS = ("num_preemptions_total", "num_prompt_tokens_total", "num_computed_prompt_tokens_total",
+            "num_cached_tokens_total", "num_generation_tokens_total", "num_finished_total")
+
+
+@dataclass
+class WorkerLane:
+    hello: WorkerHello
+    sched: Scheduler
+    incarnation: str
+    reset_kv: bool = True  # the next AllocRequest resets this worker's pool
+    reset_worker: bool = True  # the next StepPlan resets the worker
+    awaiting_alloc: int | None = None  # step id whose AllocReply is awaited
+    plans: deque[StepPlan] = field(default_factory=deque)  # sent, result not read yet; oldest first
+    replies: dict[tuple[str, int], AllocReply | StepResult] = field(default_factory=dict)  # came early
+    deadline: float = 0.0  # monotonic time by which the awaited reply must come
+    strikes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def worker_id(self) -> str:
+        return self.hello.worker_id
+
+    def expects(self, kind: str, step_id: int) -> bool:
+        """A reply this lane awaits ("alloc" or "result"); anything else is stale."""
+        if kind == "alloc":
+            return step_id == self.awaiting_alloc
+        return any(plan.step_id == step_id for plan in self.plans)
+
+    def is_awaiting(self) -> bool:
+        return self.awaiting_alloc is not None or bool(self.plans)
+
+    def touch(self, step_timeout_s: float) -> None:
+        """Something came or went: the next reply is due step_timeout_s from now."""
+        self.deadline = time.monotonic() + step_timeout_s
+
+    def abandon(self) -> list[Request]:
+        """Every open step abandoned, running requests back to waiting (recompute), both
+        peers reset by the next step. Returns the requests moved."""
+        moved = self.sched.preempt_all()
+        self.reset_kv = self.reset_worker = True
+        self.awaiting_alloc = None
+        self.plans.clear()
+        self.replies.clear()
+        return moved
+
+    def load_blocks(self) -> int:
+        """Blocks of every request placed here, by its current tokens (placement's load)."""
+        block_size = self.hello.block_size
+        return sum(math.ceil(r.num_tokens / block_size) for r in self.sched.live_requests())
+
+    def waiting(self) -> list[Request]:
+        return [r for r in self.sched.live_requests() if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)]
+
+    def counters(self) -> Counter[str]:
+        stats = self.sched.stats()
+        return Counter({key: getattr(stats, key) for key in COUNTERS})
+
+
+
+class WorkerTable:
+    """Every live worker's lane, the requests waiting for a first worker, and placement.
+
+    Methods that end requests return the deltas the api must get (the loop routes them).
+    """
+
+    def __init__(self, make_scheduler: Callable[[], Scheduler], router: Router) -> None:
+        self.make_scheduler, self.router = make_scheduler, router
+        self.template = make_scheduler()  # the admission bounds every lane shares, the policy in force
+        self.lanes: dict[str, WorkerLane] = {}
+        self.unplaced: list[tuple[Request, bool]] = []  # (request, fresh) while no worker is live
+        self.counter_base: Counter[str] = Counter()  # counters of the lanes of workers gone
+        self.model: WorkerHello | None = None  # the newest hello: eos ids, model, block size
+
+    @property
+    def policy(self):
+        return self.template.policy
+
+    def join(self, hello: WorkerHello, incarnation: str, step_ids_from: int) -> tuple[WorkerLane, list[RequestDelta]]:
+        """A new worker's lane, or a restarted one's (its open steps abandoned: the caller
+        logs them). Requests waiting for a first worker are placed."""
+        self.model = hello
+        lane = self.lanes.get(hello.worker_id)
+        if lane is not None:
+            lane.hello, lane.incarnation = hello, incarnation
+        else:
+            sched = self.make_scheduler()
+            sched.policy = self.policy
+            sched.start_step_ids_at(step_ids_from)
+            lane = self.lanes[hello.worker_id] = WorkerLane(hello, sched, incarnation)
+        self.router.index.drop(hello.worker_id)  # its pool is new and empty
+        # a request longer than the whole pool could never be admitted again once preempted
+        lane.sched.max_model_len = min(hello.max_model_len, hello.num_blocks * hello.block_size)
+        unplaced, self.unplaced = self.unplaced, []
+        return lane, [d for request, fresh in unplaced for d in self.place(request, fresh)]
+
+    def leave(self, lane: WorkerLane) -> tuple[list[Request], list[RequestDelta]]:
+        """A worker gone: its requests move to the survivors (or wait for the next worker),
+        recomputing what they had. Returns the requests moved and the deltas owed."""
+        del self.lanes[lane.worker_id]
+        self.router.index.drop(lane.worker_id)
+        requests, deltas = release_all(lane.sched)  # its running requests count as preempted
+        self.counter_base.update(lane.counters())
+        for request in requests:
+            deltas += self.place(request, fresh=False)
+        return requests, deltas
+
+    def place(self, request: Request, fresh: bool) -> list[RequestDelta]:
+        """Queue the request on the worker the router picks (fresh: a new submission, else
+        one released by a dead worker); its abort deltas if no worker can take it."""
+        if not self.lanes:
+            self.unplaced.append((request, fresh))
+            return []
+        block_size, model = self.model.block_size, self.model.model
+        keys = block_keys(request.all_token_ids, block_size, model, request.cache_salt) \
+            if self.router.mode == "prefix" else []
+        candidates = [Candidate(lane.worker_id, lane.load_blocks()) for lane in self.lanes.values()]
+        lane = self.lanes[self.router.place(keys, math.ceil(request.num_tokens / block_size), candidates)]
+        try:
+            if fresh:
+                lane.sched.add_request(request)
+            else:
+                adopt(lane.sched, request)
+        except ValueError as e:
+            log.error("request %s refused: %s", request.request_id, e)
+            return [final_delta(request, "abort", i) for i in child_request_ids(request.request_id, request.sampling.n)]
+        return []
+
+    def abort(self, request_id: str) -> list[RequestDelta]:
+        """Abort a live request wherever it is (its delta comes with its lane's next step);
+        an unplaced one's deltas at once. Unknown: a no-op."""
+        if any(lane.sched.abort_request(request_id) for lane in self.lanes.values()):
+            return []
+        for request, fresh in self.unplaced:
+            ids = child_request_ids(request.request_id, request.sampling.n)
+            if request_id in ids:
+                self.unplaced.remove((request, fresh))
+                return [final_delta(request, "abort", i) for i in ids]
+        return []
+
+    def max_model_len(self) -> int:
+        lens = [lane.sched.max_model_len for lane in self.lanes.values()]
+        return min(lens) if lens else self.model.max_model_len
+
+    def is_busy(self) -> bool:
+        return bool(self.unplaced) or any(lane.sched.has_requests() for lane in self.lanes.values())
+
+    def stats(self) -> dict:
+        """Totals (counters never go down), "workers": each lane's own, and the admission
+        table over every waiting request."""
+        lanes, unplaced = list(self.lanes.values()), [r for r, _ in self.unplaced]
+        totals, workers, waiting = Counter(self.counter_base), {}, list(unplaced)
+        for lane in lanes:
+            counters, lane_waiting = lane.counters(), lane.waiting()
+            totals.update(counters)
+            waiting += lane_waiting
+            workers[lane.worker_id] = {"num_requests_running": lane.sched.num_running,
+                                       "num_requests_waiting": len(lane_waiting),
+                                       "generation_tokens_total": counters["num_generation_tokens_total"],
+                                       "prompt_tokens_computed_total": counters["num_computed_prompt_tokens_total"],
+                                       "num_preemptions_total": counters["num_preemptions_total"],
+                                       "load_blocks": lane.load_blocks(),
+                                       "cached_blocks_indexed": self.router.index.num_cached(lane.worker_id)}
+        template = self.template
+        queue = queue_stats(waiting, template.max_waiting_requests, template.max_waiting_tokens)
+        return {"num_requests_running": sum(lane.sched.num_running for lane in lanes),
+                "num_requests_waiting": len(waiting), "num_requests_unplaced": len(unplaced),
+                "num_preemptions_total": totals["num_preemptions_total"],
+                "prompt_tokens_total": totals["num_prompt_tokens_total"],
+                "prompt_tokens_computed_total": totals["num_computed_prompt_tokens_total"],
+                "generation_tokens_total": totals["num_generation_tokens_total"],
+                "num_finished_total": totals["num_finished_total"], "router": self.router.mode,
+                "workers": workers, "admission": admission_table(template.policy, queue)}

@@ -1,0 +1,105 @@
+"""Placement (services/scheduler/placement.py): the prefix index fed by KV events, and the
+router's cost = prefill_weight x uncached prompt blocks + decode_weight x load blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.kvstore.block_manager import BlockManager
+from services.scheduler.placement import Candidate, PrefixIndex, Router, block_keys, split_keys
+from shared.messages import AllocCandidate, AllocRequest
+
+BS = 4
+
+
+def keys_of(tokens: list[int], model: str = "m", salt: str = "") -> list[bytes]:
+    return block_keys(tokens, BS, model, salt)
+
+
+def test_block_keys_match_the_kvstores_events():
+    """What the scheduler hashes is what the kvstore reports stored for the same prompt."""
+    manager = BlockManager(16, BS, enable_prefix_caching=True, hash_keys=("m",), record_events=True)
+    tokens = list(range(1, 11))  # two full blocks and a partial one
+    manager.step(AllocRequest(0, [], [AllocCandidate("a", 10, 10, is_waiting=True, token_ids=tokens)]))
+    stored, removed, cleared = manager.take_kv_events()
+    assert stored == b"".join(keys_of(tokens)) and len(keys_of(tokens)) == 2
+    assert (removed, cleared) == (b"", False)
+    assert manager.take_kv_events() == (b"", b"", False)  # drained
+    assert keys_of(tokens, salt="s") != keys_of(tokens) and keys_of(tokens, model="n") != keys_of(tokens)
+
+
+def test_evictions_and_resets_are_reported_as_removed_and_cleared():
+    manager = BlockManager(2, BS, enable_prefix_caching=True, hash_keys=("m",), record_events=True)
+    first = [1] * 8
+    manager.step(AllocRequest(0, [], [AllocCandidate("a", 8, 8, is_waiting=True, token_ids=first)]))
+    manager.take_kv_events()
+    second = [2] * 8  # a different prefix: both cached free blocks are evicted for it
+    manager.step(AllocRequest(1, ["a"], [AllocCandidate("b", 8, 8, is_waiting=True, token_ids=second)]))
+    stored, removed, cleared = manager.take_kv_events()
+    assert stored == b"".join(keys_of(second)) and not cleared
+    assert sorted(split_keys(removed)) == sorted(keys_of(first))  # evicted tail first
+    manager.reset_prefix_cache()
+    assert manager.take_kv_events() == (b"", b"", True)
+    manager.check_integrity()
+
+
+def test_index_overlap_counts_leading_blocks_per_worker():
+    index = PrefixIndex()
+    k = keys_of(list(range(16)))  # 4 blocks
+    index.apply("w1", stored=b"".join(k[:3]))
+    index.apply("w2", stored=k[0] + k[2] + k[3])  # a hole after the first block
+    assert index.overlaps(k, ["w1", "w2", "w3"]) == {"w1": 3, "w2": 1, "w3": 0}
+    index.apply("w1", removed=k[1])
+    assert index.overlaps(k, ["w1"]) == {"w1": 1}
+    index.apply("w2", stored=k[1], cleared=True)  # cleared first, then the new block
+    assert index.overlaps(k, ["w2"]) == {"w2": 0} and index.num_cached("w2") == 1
+    index.drop("w1")
+    assert index.num_cached("w1") == 0 and index.overlaps(k, ["w1", "w2"]) == {"w1": 0, "w2": 0}
+
+
+def test_prefix_router_prefers_the_worker_holding_the_prefix_until_load_outweighs_it():
+    router = Router("prefix", prefill_weight=1.0, decode_weight=1.0)
+    k = keys_of(list(range(40)))  # 10 full blocks
+    router.index.apply("b", stored=b"".join(k))
+    # b holds all 10 blocks: cost(a) = 11 + 0, cost(b) = 1 + 5
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == "b"
+    assert router.costs(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == {"a": 11.0, "b": 6.0}
+    # b's load of 12 blocks outweighs the 10 it would save
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 12)]) == "a"
+
+
+def test_prefix_router_spreads_equal_costs_by_load_then_in_turn():
+    router = Router("prefix")
+    assert router.place([], 2, [Candidate("a", 4), Candidate("b", 2)]) == "b"
+    picks = [router.place([], 2, [Candidate("a", 0), Candidate("b", 0)]) for _ in range(4)]
+    assert sorted(picks) == ["a", "a", "b", "b"]
+
+
+def test_weights_scale_each_side():
+    k = keys_of(list(range(40)))
+    router = Router("prefix", prefill_weight=0.0, decode_weight=1.0)  # pure load balancing
+    router.index.apply("b", stored=b"".join(k))
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 1)]) == "a"
+    router = Router("prefix", prefill_weight=10.0, decode_weight=1.0)
+    router.index.apply("b", stored=b"".join(k))
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 90)]) == "b"
+
+
+def test_round_robin_ignores_cache_and_load():
+    router = Router("round-robin")
+    k = keys_of(list(range(8)))
+    router.index.apply("a", stored=b"".join(k))
+    picks = [router.place(k, 2, [Candidate("b", 0), Candidate("a", 100)]) for _ in range(4)]
+    assert picks == ["a", "b", "a", "b"]
+
+
+@pytest.mark.parametrize("mode, prefill, decode", [("random", 1.0, 1.0), ("prefix", -1.0, 1.0),
+                                                   ("prefix", 0.0, 0.0)])
+def test_bad_router_config_is_refused(mode, prefill, decode):
+    with pytest.raises(ValueError):
+        Router(mode, prefill, decode)
+
+
+def test_no_candidate_is_an_error():
+    with pytest.raises(ValueError):
+        Router().place([], 1, [])
