@@ -24,7 +24,7 @@ from services.api.inputs import ModelInfo
 from services.api.loop import ApiLoop
 from services.api.metrics import ApiMetrics
 from services.api.protocol import ApiError
-from services.api.readiness import ReadyGate
+from services.api.readiness import Readiness, ReadyGate
 from shared.streams import Keys
 
 log = logging.getLogger("pagedserve.api")
@@ -72,7 +72,8 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.api = state
-    app.add_middleware(ReadyGate, loop=loop)
+    readiness = Readiness(loop)
+    app.add_middleware(ReadyGate, readiness=readiness)
     app.add_middleware(AuthMiddleware, api_key=config.api_key)
     app.include_router(openai_routes.router)
     app.include_router(stream_routes.router)
@@ -88,7 +89,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        missing = await loop.missing_services()
+        missing = await readiness.missing(fresh=True)
         if missing:
             return JSONResponse({"status": "not ready", "missing": missing}, status_code=503)
         return JSONResponse({"status": "ready"})

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from services.api.edge import ApiState, outputs_until_disconnect
+from services.api.edge import ApiState
 from services.api.generation import Generation, Output, unavailable
 from services.api.inputs import Prepared
 from services.api.loop import RedisUnavailable
@@ -82,23 +82,19 @@ class Choices:
         log.info("request %s submitted: %d prompt tokens, max_tokens %d, n %d", self.request_id,
                  len(p.prompt_token_ids), p.sampling.max_tokens, len(self.gens))
 
-    async def outputs(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[tuple[int, Output]]:
-        """(index, output) of every sequence as they come, until all are finished; a client
-        gone aborts them all (is_disconnected None: the caller watches the client)."""
-        if len(self.gens) == 1 and is_disconnected is None:  # a stream: one layer less per token
+    async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
+        """(index, output) of every sequence as they come, until all are finished. The
+        caller runs edge.close_on_disconnect beside it: a client gone ends them all."""
+        if len(self.gens) == 1:  # one layer less per token
             gen = self.gens[0]
             while (out := await gen.next()) is not None:
-                yield 0, out
-            return
-        if len(self.gens) == 1:
-            async for out in outputs_until_disconnect(self.gens[0], is_disconnected):
                 yield 0, out
             return
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, gen: Generation) -> None:
             try:
-                async for out in outputs_until_disconnect(gen, is_disconnected):
+                while (out := await gen.next()) is not None:
                     await merged.put((index, out))
             finally:
                 await merged.put((index, None))
@@ -110,8 +106,6 @@ class Choices:
                 index, out = await merged.get()
                 if out is None:
                     num_running -= 1
-                    if self.gens[index].why == "client disconnected":
-                        self.close(self.gens[index].why)  # every sequence's client is gone
                 else:
                     yield index, out
         finally:

@@ -1,5 +1,5 @@
 """What every route shares at the HTTP edge: the app state, bounded body reading, JSON
-errors, bearer-token auth, and watching for a client that went away."""
+errors, bearer-token auth, and the one path that notices a client that went away."""
 
 from __future__ import annotations
 
@@ -8,19 +8,17 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.api.generation import Generation, Output
+from services.api.generation import Generation
 from services.api.inputs import ModelInfo, Prepared
 from services.api.loop import ApiLoop
 from services.api.metrics import ApiMetrics
 from services.api.protocol import ApiError
 
-DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 CLIENT_GONE = "client disconnected"
 
 
@@ -78,32 +76,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def outputs_until_disconnect(gen: Generation,
-                                   is_disconnected: Callable[[], Awaitable[bool]] | None) -> AsyncIterator[Output]:
-    """The generation's outputs; checks every DISCONNECT_POLL_S that the client is still
-    there (also while the request is queued and nothing flows) and aborts it if not.
-    is_disconnected None: the caller watches the connection itself (a streaming response
-    listens for the disconnect message and cancels this iteration)."""
-    if is_disconnected is None:
-        while (out := await gen.next()) is not None:
-            yield out
-        return
-    next_check = time.monotonic() + DISCONNECT_POLL_S
+async def close_on_disconnect(receive, choices) -> None:
+    """The api's one disconnect path, beside every response (whole, SSE or WebSocket): wait
+    for the client's disconnect message, then abort every choice, queued or running; a
+    WebSocket's {"type": "abort"} aborts them too. choices None: only wait (a follower)."""
     while True:
         try:
-            out = await gen.next(timeout=max(0.0, next_check - time.monotonic()))
-            if out is None:
-                return
-            yield out
-            if out.finish_reason is not None:
-                return
-        except TimeoutError:
-            pass
-        if time.monotonic() >= next_check and not gen.finished:
-            if await is_disconnected():
-                gen.abort(CLIENT_GONE)
-                return
-            next_check = time.monotonic() + DISCONNECT_POLL_S
+            message = await receive()
+        except (RuntimeError, OSError):  # the socket was closed by our side already
+            return
+        kind = message["type"]
+        if kind in ("http.disconnect", "websocket.disconnect"):
+            if choices is not None:
+                choices.close(CLIENT_GONE)
+            return
+        if kind == "websocket.receive" and choices is not None and _wants_abort(message.get("text")):
+            choices.close("aborted by the client")
+
+
+def _wants_abort(text: str | None) -> bool:
+    try:
+        return json.loads(text or "{}").get("type") == "abort"
+    except (ValueError, AttributeError):
+        return False
 
 
 async def refuse(error: ApiError, scope, receive, send) -> None:

@@ -293,7 +293,9 @@ class ApiLoop:
                 if ack:
                     pipe.xack(self.deltas_stream, GROUP, *ack)
                 try:
-                    await pipe.execute(raise_on_error=False)
+                    replies = await pipe.execute(raise_on_error=False)
+                    for error in {str(r) for r in replies if isinstance(r, Exception)}:
+                        log.error("a record write was refused: %s", error)  # a bug here, not Redis
                     return
                 except _TRANSIENT as e:
                     delay = backoff.next()

@@ -2,9 +2,8 @@
 
 Everything that can reject a request (body, validation, tokenizing, the submit itself)
 happens before a response starts, so a 4xx/503 never follows a 200 that already opened a
-stream. A client that goes away, running or still queued, aborts its request: a streaming
-one as soon as its disconnect arrives (GenerationStream listens for it), a waiting one
-within DISCONNECT_POLL_S.
+stream. A client that goes away, running or still queued, aborts its request as soon as
+its disconnect message arrives (edge.close_on_disconnect, beside every response).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.api import openai_format as fmt
 from services.api.choices import Choices
-from services.api.edge import CLIENT_GONE, read_body, state_of
+from services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
 from services.api.inputs import MAX_N, prepare
 from services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
@@ -52,10 +51,12 @@ async def _serve(request: Request, cls) -> Response:
     await choices.start()
     if prepared.stream:
         return GenerationStream(choices, _sse_events(choices))
+    watcher = asyncio.create_task(close_on_disconnect(request.receive, choices))
     try:
-        async for _ in choices.outputs(request.is_disconnected):
+        async for _ in choices.outputs():
             pass
     finally:
+        watcher.cancel()
         choices.close("request handler ended early")
     if choices.why == CLIENT_GONE:
         log.info("request %s: client hung up, aborted", choices.request_id)
@@ -73,7 +74,7 @@ async def _sse_events(choices: Choices):
     text_offsets = [0] * len(choices.gens)
     templates = [fmt.ChunkTemplate(choices, i) for i in range(len(choices.gens))] \
         if fmt.ChunkTemplate.applies(choices) else None
-    async for index, out in choices.outputs(None):  # GenerationStream watches the client
+    async for index, out in choices.outputs():  # GenerationStream watches the client
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
         if templates is not None and out.finish_reason is None:
@@ -109,7 +110,7 @@ class GenerationStream(StreamingResponse):
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream)
-                await self.listen_for_disconnect(receive)
+                await close_on_disconnect(receive, self.choices)
                 group.cancel_scope.cancel()
         finally:
             self.choices.close("stream ended early")

@@ -21,27 +21,34 @@ GATED = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST",
          ("WS", "/v1/stream")}
 
 
-class ReadyGate:
-    """Pure ASGI middleware in front of the routes in GATED."""
+class Readiness:
+    """What the back-end still lacks, cached for CHECK_INTERVAL_S; GET /ready refreshes it."""
 
-    def __init__(self, app, loop) -> None:
-        self.app, self.loop = app, loop
+    def __init__(self, loop) -> None:
+        self.loop = loop
         self._missing: list[str] = ["redis"]
         self._checked_at = float("-inf")
 
-    async def missing(self) -> list[str]:
-        if time.monotonic() - self._checked_at >= CHECK_INTERVAL_S:
+    async def missing(self, fresh: bool = False) -> list[str]:
+        if fresh or time.monotonic() - self._checked_at >= CHECK_INTERVAL_S:
             self._missing = await self.loop.missing_services()
             self._checked_at = time.monotonic()
         return self._missing
+
+
+class ReadyGate:
+    """Pure ASGI middleware in front of the routes in GATED."""
+
+    def __init__(self, app, readiness: Readiness) -> None:
+        self.app, self.readiness = app, readiness
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         method = "WS" if scope["type"] == "websocket" else scope.get("method", "")
-        if (method, scope.get("path", "")) not in GATED or not await self.missing():
+        if (method, scope.get("path", "")) not in GATED or not (missing := await self.readiness.missing()):
             return await self.app(scope, receive, send)
-        error = ApiError(503, f"the server is not ready yet (waiting for: {', '.join(self._missing)}); "
+        error = ApiError(503, f"the server is not ready yet (waiting for: {', '.join(missing)}); "
                          f"retry later or wait for GET /ready", code="not_ready", type="service_unavailable",
                          headers={"Retry-After": str(RETRY_AFTER_S)})
         return await refuse(error, scope, receive, send)

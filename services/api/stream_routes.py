@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from services.api.choices import Choices
-from services.api.edge import CLIENT_GONE, read_body, state_of
+from services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
 from services.api.generation import Output
 from services.api.inputs import prepare
 from services.api.protocol import ApiError, parse_body
@@ -149,7 +149,7 @@ async def follow_ws(websocket: WebSocket, request_id: str) -> None:
     except ApiError as e:
         return await _send_error(websocket, e)
     events = state_of(websocket).loop.records.follow(request_id, cursor)
-    watcher = asyncio.create_task(_watch_close(websocket, None))
+    watcher = asyncio.create_task(close_on_disconnect(websocket.receive, None))
     try:
         async for seq, event in events:
             if watcher.done():
@@ -187,10 +187,10 @@ async def stream(websocket: WebSocket) -> None:
     except ApiError as e:
         state.metrics.rejected.labels(status=str(e.status)).inc()
         return await _send_error(websocket, e)
-    watcher = asyncio.create_task(_watch_close(websocket, choices))
+    watcher = asyncio.create_task(close_on_disconnect(websocket.receive, choices))
     finals_sent: set[int] = set()
     try:
-        async for index, out in choices.outputs(_watched_elsewhere):
+        async for index, out in choices.outputs():
             for msg in stream_messages(choices, index, out):
                 await websocket.send_json(msg)
             if out.finish_reason is not None:
@@ -205,29 +205,6 @@ async def stream(websocket: WebSocket) -> None:
     finally:
         watcher.cancel()
         choices.close(CLIENT_GONE)
-
-
-async def _watched_elsewhere() -> bool:
-    return False  # _watch_close aborts the choices the moment the socket closes
-
-
-async def _watch_close(websocket: WebSocket, choices: Choices | None) -> None:
-    """Until the client closes (or sends {"type": "abort"}): then abort every choice, if any."""
-    while True:
-        try:
-            message = await websocket.receive()
-        except (WebSocketDisconnect, RuntimeError):  # closed by our side already
-            return
-        if message["type"] == "websocket.disconnect":
-            if choices is not None:
-                choices.close(CLIENT_GONE)
-            return
-        try:
-            wants_abort = json.loads(message.get("text") or "{}").get("type") == "abort"
-        except (ValueError, AttributeError):
-            wants_abort = False
-        if wants_abort and choices is not None:
-            choices.close("aborted by the client")
 
 
 async def _send_error(websocket: WebSocket, error: ApiError) -> None:

@@ -137,14 +137,17 @@ def api_config(prefix: str, **kw) -> ApiConfig:
 
 
 @contextmanager
-def api_client(prefix: str, api_id: str | None = None, **kw):
-    """A replica: the app in-process, started (lifespan) and stopped around the block."""
+def api_client(prefix: str, api_id: str | None = None, wait_ready: bool = True, **kw):
+    """A replica: the app in-process, started (lifespan) and stopped around the block;
+    wait_ready: once /ready says the (Responder's) back-end is there."""
     config = api_config(prefix, api_id=api_id or f"api-{uuid.uuid4().hex[:8]}", **kw)
     info = ModelInfo(served_name="smollm2", max_model_len=2048, vocab_size=tokenizer().vocab_size)
     app = create_app(config, tokenizer(), info)
     with TestClient(app) as client:
         if config.api_key:
             client.headers["Authorization"] = f"Bearer {config.api_key}"
+        if wait_ready:
+            wait_for(lambda: client.get("/ready").status_code == 200, 20, "the api to be ready")
         yield client
 
 

@@ -117,7 +117,7 @@ def test_restarted_api_finishes_its_records(prefix):
 
 
 def test_not_ready_answers_503_with_retry_after(prefix):
-    with Responder(Keys(prefix), ready=False) as responder, api_client(prefix, api_key="k") as a:
+    with Responder(Keys(prefix), ready=False) as responder, api_client(prefix, wait_ready=False, api_key="k") as a:
         r = a.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4})
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert r.json()["error"]["code"] == "not_ready"
