@@ -19,11 +19,18 @@ request's overlap with a worker is how many of its leading block keys that worke
 the same answer a radix tree over the blocks gives (Dynamo's indexer), with one dict
 lookup per block for all workers at once. The index may lag the pools by a step: a
 placement on a stale view costs a recompute, never a wrong answer.
+
+Events come only once a request is admitted; requests of one prefix that arrive together
+would all see it uncached. So a placement also records the request's block keys as
+predicted on its worker (Dynamo's approximate indexer does the same from its routing
+decisions) for PREDICTED_TTL_S, or until that worker's events say otherwise: a stored
+event makes the key real, a removed or cleared one drops it.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +38,8 @@ from services.kvstore.block_hash import hash_full_blocks, root_hash
 from shared.messages import KEY_BYTES
 
 ROUTERS = ("prefix", "round-robin")
+PREDICTED_TTL_S = 30.0  # a placed request's blocks count as cached there this long without an event
+PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired ones
 
 
 def block_keys(token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "") -> list[bytes]:
@@ -49,6 +58,8 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._workers_of: dict[bytes, set[str]] = {}
         self._keys_of: dict[str, set[bytes]] = {}
+        self._predicted: dict[bytes, dict[str, float]] = {}  # key -> worker -> expiry (monotonic)
+        self._num_predicted = 0
 
     def apply(self, worker_id: str, stored: bytes = b"", removed: bytes = b"", cleared: bool = False) -> None:
         """One reply's events: cleared first, then stored, then removed (a net diff: no key
@@ -59,8 +70,10 @@ class PrefixIndex:
         for key in split_keys(stored):
             keys.add(key)
             self._workers_of.setdefault(key, set()).add(worker_id)
+            self._unpredict(key, worker_id)
         for key in split_keys(removed):
             keys.discard(key)
+            self._unpredict(key, worker_id)
             holders = self._workers_of.get(key)
             if holders is not None:
                 holders.discard(worker_id)
@@ -68,22 +81,45 @@ class PrefixIndex:
                     del self._workers_of[key]
 
     def drop(self, worker_id: str) -> None:
-        """Forget every block of a worker (left, or its pool was reset)."""
+        """Forget every block of a worker, predicted ones too (left, or its pool was reset)."""
         for key in self._keys_of.pop(worker_id, ()):
             holders = self._workers_of[key]
             holders.discard(worker_id)
             if not holders:
                 del self._workers_of[key]
+        for key in [k for k, workers in self._predicted.items() if worker_id in workers]:
+            self._unpredict(key, worker_id)
+
+    def predict(self, worker_id: str, keys: Sequence[bytes], now: float | None = None) -> None:
+        """A request with these block keys was placed on worker_id: count them as cached
+        there for PREDICTED_TTL_S unless an event comes first."""
+        now = time.monotonic() if now is None else now
+        for key in keys:
+            self._predicted.setdefault(key, {})[worker_id] = now + PREDICTED_TTL_S
+        self._num_predicted += len(keys)
+        if self._num_predicted >= PRUNE_EVERY:
+            self._num_predicted = 0
+            for key in list(self._predicted):
+                for w in [w for w, expiry in self._predicted[key].items() if expiry <= now]:
+                    self._unpredict(key, w)
+
+    def _unpredict(self, key: bytes, worker_id: str) -> None:
+        workers = self._predicted.get(key)
+        if workers is not None and workers.pop(worker_id, None) is not None and not workers:
+            del self._predicted[key]
 
     def num_cached(self, worker_id: str) -> int:
         return len(self._keys_of.get(worker_id, ()))
 
-    def overlaps(self, keys: Sequence[bytes], worker_ids: Sequence[str]) -> dict[str, int]:
-        """Per worker, how many of the leading keys it holds (its cached prefix, in blocks)."""
+    def overlaps(self, keys: Sequence[bytes], worker_ids: Sequence[str], now: float | None = None) -> dict[str, int]:
+        """Per worker, how many of the leading keys it holds or is predicted to hold (its
+        cached prefix, in blocks)."""
+        now = time.monotonic() if now is None else now
         overlap = dict.fromkeys(worker_ids, 0)
         alive = set(worker_ids)
         for depth, key in enumerate(keys, start=1):
-            alive &= self._workers_of.get(key, set())
+            predicted = self._predicted.get(key, {})
+            alive &= self._workers_of.get(key, set()) | {w for w, expiry in predicted.items() if expiry > now}
             if not alive:
                 break
             for worker_id in alive:
@@ -123,4 +159,6 @@ class Router:
         if self.mode == "round-robin":
             return ordered[turn].worker_id
         costs = self.costs(keys, num_blocks, ordered)
-        return min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id
+        chosen = min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id
+        self.index.predict(chosen, keys)
+        return chosen

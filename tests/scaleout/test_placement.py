@@ -3,10 +3,12 @@ router's cost = prefill_weight x uncached prompt blocks + decode_weight x load b
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.kvstore.block_manager import BlockManager
-from services.scheduler.placement import Candidate, PrefixIndex, Router, block_keys, split_keys
+from services.scheduler.placement import PREDICTED_TTL_S, Candidate, PrefixIndex, Router, block_keys, split_keys
 from shared.messages import AllocCandidate, AllocRequest
 
 BS = 4
@@ -103,3 +105,20 @@ def test_bad_router_config_is_refused(mode, prefill, decode):
 def test_no_candidate_is_an_error():
     with pytest.raises(ValueError):
         Router().place([], 1, [])
+
+
+def test_a_placed_requests_blocks_count_as_cached_there_until_an_event_or_the_ttl():
+    router = Router("prefix")
+    k = keys_of(list(range(40)))  # 10 blocks, cached nowhere yet
+    first = router.place(k, 11, [Candidate("a", 0), Candidate("b", 0)])
+    other = "b" if first == "a" else "a"
+    # the second of a burst follows the first, though no event has come yet
+    assert router.place(k, 11, [Candidate(first, 5), Candidate(other, 0)]) == first
+    now = time.monotonic()
+    assert router.index.overlaps(k, [first], now=now + PREDICTED_TTL_S + 1) == {first: 0}  # expired
+    router.index.apply(first, removed=k[3])  # the pool says block 3 is gone: the prediction too
+    assert router.index.overlaps(k, [first, other]) == {first: 3, other: 0}
+    router.index.apply(first, stored=b"".join(k))  # real now: no expiry
+    assert router.index.overlaps(k, [first], now=now + PREDICTED_TTL_S + 1) == {first: 10}
+    router.index.drop(first)
+    assert router.index.overlaps(k, [first]) == {first: 0}

@@ -1,0 +1,174 @@
+"""`pagedserve up --workers 2` end to end: real processes, the real Redis, the real model.
+
+In file order, on one stack (a module fixture: loading two workers takes a while):
+(a) sequential requests sharing long prefixes, interleaved, find their prefix cached every
+time after the first (prefix routing sends each back to the worker that holds it);
+(b) 32 concurrent distinct requests are spread: each worker produces >= 25% of the tokens
+(per-worker Prometheus series);
+(c) kill -9 of one worker under 16 concurrent greedy requests: all 16 complete with the
+text of a fault-free run, and once idle no KV block is held and every pool passes its
+integrity check. Float32, so a greedy text does not depend on which batch computed it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import msgpack
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.streams import Keys
+from tests.cli.helpers import REDIS_URL, START_TIMEOUT_S, base_env, free_port, pagedserve_argv, wait_for
+from tests.services.conftest import delete_prefix
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = {name: " ".join(f"Rule {i} of the {name} desk: answer question {i} briefly and politely." for i in range(40))
+          for name in ("billing", "travel", "weather")}
+
+
+class Stack:
+    def __init__(self, tmp_path) -> None:
+        self.prefix = f"test-{uuid.uuid4().hex[:12]}"
+        self.keys = Keys(self.prefix)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp_path / "up.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
+        argv = [*pagedserve_argv(), "up", "--workers", "2", "--dtype", "float32", "--num-blocks", "512",
+                "--port", str(self.port), "--prefix", self.prefix, "--ready-timeout", str(START_TIMEOUT_S)]
+        env = base_env(REDIS_URL=REDIS_URL, PAGEDSERVE_CHECK_INTEGRITY="1")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        wait_for(lambda: self._ready(), START_TIMEOUT_S + 30, "pagedserve up --workers 2 to be ready")
+        self.client = httpx.Client(base_url=self.base, timeout=300.0)
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"pagedserve up exited with {self.proc.returncode}:\n{self.text()[-4000:]}")
+        return "pagedserve ready at" in self.text()
+
+    def worker_pids(self) -> dict[str, int]:
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (worker\d) \(pid (\d+)\)", self.text())}
+
+    def stats(self, service: str) -> dict:
+        data = self.redis.get(self.keys.stats(service))
+        return msgpack.unpackb(data, raw=False) if data is not None else {}
+
+    def per_worker(self, name: str) -> dict[str, float]:
+        """The worker-labelled samples of a Prometheus family, by worker id."""
+        families = text_string_to_metric_families(self.client.get("/metrics").text)
+        family = next(f for f in families if f.name == name)
+        return {s.labels["worker"]: s.value for s in family.samples if "worker" in s.labels}
+
+    def complete(self, prompt: str, max_tokens: int, **extra) -> dict:
+        r = self.client.post("/v1/completions", json={"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens,
+                                                      "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        self.redis.close()
+        delete_prefix(self.prefix)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("two-workers"))
+    yield s
+    s.close()
+
+
+def test_both_workers_join(stack):
+    def joined():
+        scheduler, kvstore = stack.stats("scheduler").get("workers", {}), stack.stats("kvstore").get("worker_ids", [])
+        return len(scheduler) == 2 and set(scheduler) == set(kvstore)
+
+    wait_for(joined, 60, "both workers in the scheduler's and the kvstore's stats")
+    assert len(stack.worker_pids()) == 2
+
+
+def test_sequential_requests_find_their_long_prefix_cached_every_time_after_the_first(stack):
+    cached: dict[str, list[int]] = {name: [] for name in SYSTEM}
+    for round_ in range(3):
+        for name, system in SYSTEM.items():
+            body = stack.complete(f"{system}\nQuestion {round_} for {name}:", 2)
+            assert body["usage"]["prompt_tokens"] >= 400
+            cached[name].append((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    for name, hits in cached.items():
+        assert hits[0] == 0, (name, hits)  # nothing of it was cached anywhere
+        assert all(hit >= 400 for hit in hits[1:]), (name, hits)  # the whole system prompt, each time
+
+
+def test_concurrent_distinct_requests_are_spread_over_both_workers(stack):
+    before = stack.per_worker("pagedserve:generation_tokens")
+    prompts = [f"Request {i}: name a color and an animal, number {i * 37 % 101}." for i in range(32)]
+    with ThreadPoolExecutor(32) as pool:
+        bodies = list(pool.map(lambda p: stack.complete(p, 8, ignore_eos=True), prompts))
+    assert all(b["usage"]["completion_tokens"] == 8 for b in bodies)
+
+    def counted():
+        after = stack.per_worker("pagedserve:generation_tokens")
+        produced = {w: after[w] - before.get(w, 0.0) for w in after}
+        return produced if sum(produced.values()) >= 32 * 8 else None
+
+    produced = wait_for(counted, 30, "the per-worker token counters to reach 256")
+    assert len(produced) == 2
+    assert all(n >= 0.25 * sum(produced.values()) for n in produced.values()), produced
+
+
+def test_kill_9_of_a_worker_moves_its_requests_with_identical_greedy_text(stack):
+    prompts = [f"Tell a short story number {i} about a {['cat', 'dog', 'fox', 'owl'][i % 4]}." for i in range(16)]
+
+    def run_all() -> list[str]:
+        with ThreadPoolExecutor(16) as pool:
+            return [b["choices"][0]["text"] for b in pool.map(lambda p: stack.complete(p, 16, ignore_eos=True), prompts)]
+
+    reference = run_all()
+    pids = stack.worker_pids()
+    start_tokens = stack.stats("scheduler")["generation_tokens_total"]
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_all)
+
+        def both_busy():  # mid-generation: both workers hold requests that have produced tokens
+            stats = stack.stats("scheduler")
+            workers = stats.get("workers", {})
+            busy = [w for w, s in workers.items() if s["num_requests_running"] > 0]
+            return len(busy) == 2 and stats["generation_tokens_total"] >= start_tokens + 16 and workers
+
+        workers = wait_for(both_busy, 120, "both workers to be generating")
+        running = {w: s["num_requests_running"] for w, s in workers.items()}
+        victim = sorted(pids)[0]
+        os.kill(pids[victim], signal.SIGKILL)
+        texts = future.result(timeout=300)
+    assert texts == reference
+    assert f"{victim} exited with -9: the other workers serve on" in stack.text()
+    assert stack.proc.poll() is None  # the stack serves on with one worker
+    assert all(n > 0 for n in running.values())
+
+    def clean():
+        kv = stack.stats("kvstore")
+        return kv if kv.get("num_held_blocks") == 0 and kv.get("integrity_ok") and len(kv["worker_ids"]) == 1 else None
+
+    kv = wait_for(clean, 60, f"the kvstore to drop the dead worker and hold no block ({stack.stats('kvstore')})")
+    assert kv["num_blocks"] == 512  # only the survivor's pool is left
+    assert list(stack.stats("scheduler")["workers"]) == kv["worker_ids"]
