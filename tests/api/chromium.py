@@ -21,6 +21,7 @@ from websockets.sync.client import connect
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1280,1000"]
+VIEWPORT = (1280, 1000)
 START_TIMEOUT_S = 60.0
 
 
@@ -44,6 +45,9 @@ class Chromium:
             page = next(t for t in targets if t["type"] == "page")
             self.ws = self.exits.enter_context(connect(page["webSocketDebuggerUrl"], max_size=64 << 20,
                                                        open_timeout=20))
+            # the viewport, exactly (--window-size also counts the headless window's frame)
+            self.call("Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1],
+                      deviceScaleFactor=1, mobile=False)
         except BaseException:
             self.close()
             raise

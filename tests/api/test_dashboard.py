@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.api.chromium import Chromium, chromium_path
+from tests.api.chromium import VIEWPORT, Chromium, chromium_path
 from tests.services.conftest import DEFAULT_ARGS, start_backend, wait_for
 
 pytestmark = [pytest.mark.slow,
@@ -110,7 +110,7 @@ def test_screenshot_is_a_png_of_the_page(page, tmp_path):
     png = page.screenshot()
     (tmp_path / "dashboard.png").write_bytes(png)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
-    assert struct.unpack(">II", png[16:24]) == (1280, 1000)  # --window-size
+    assert struct.unpack(">II", png[16:24]) == VIEWPORT
     assert len(png) > 20_000  # a blank page of that size is a few kB
     # the block map is drawn: its canvas has cells in the free colour (#e4e4e4) at least
     drawn = page.evaluate("(() => { const c = document.querySelector('canvas.map');"
