@@ -1,5 +1,6 @@
 """The kvstore publishes its pools' block map under keys.stats("block_map"), keyed by
-worker id, on real Redis; rewritten at most once per BLOCK_MAP_INTERVAL_S."""
+worker id (two workers here, one pool each), on real Redis; rewritten at most once per
+BLOCK_MAP_INTERVAL_S."""
 
 from __future__ import annotations
 
@@ -24,12 +25,14 @@ async def _scenario() -> list[dict | None]:
     try:
         kv = KvStoreLoop(r, keys, enable_prefix_caching=True, check_every_step=False)
         seen = [await redis_io.read_stats(r, keys, "block_map")]
-        kv._on_hello(b"1-0", WorkerHello("w0", 4, 2, "m", 64))
+        kv.pools.join(WorkerHello("w0", 4, 2, "m", 64))
+        kv.pools.join(WorkerHello("w1", 3, 2, "m", 64))
+        manager = kv.pools.pools["w0"].manager
         prompt = [7, 8, 9, 10, 11]
-        kv.manager.admit("a", len(prompt), len(prompt), prompt)
+        manager.admit("a", len(prompt), len(prompt), prompt)
         await kv._write_stats(idle=True)
         seen.append(await redis_io.read_stats(r, keys, "block_map"))
-        kv.manager.free("a")
+        manager.free("a")
         kv.stats_dirty = True
         await kv._write_stats(idle=True)  # within the interval: the map is not rewritten yet ...
         seen.append(await redis_io.read_stats(r, keys, "block_map"))
@@ -46,7 +49,7 @@ async def _scenario() -> list[dict | None]:
 def test_block_map_is_published_per_worker_and_throttled():
     before, held, throttled, freed = asyncio.run(_scenario())
     assert before is None
-    entry = {"num_blocks": 4, "block_size": 2}
-    assert held == {"workers": {"w0": {**entry, "states": bytes([1 | CACHED, 1 | CACHED, 1, 0])}}}
+    entry, idle_w1 = {"num_blocks": 4, "block_size": 2}, {"num_blocks": 3, "block_size": 2, "states": bytes(3)}
+    assert held == {"workers": {"w0": {**entry, "states": bytes([1 | CACHED, 1 | CACHED, 1, 0])}, "w1": idle_w1}}
     assert throttled == held
-    assert freed == {"workers": {"w0": {**entry, "states": bytes([CACHED, CACHED, 0, 0])}}}
+    assert freed == {"workers": {"w0": {**entry, "states": bytes([CACHED, CACHED, 0, 0])}, "w1": idle_w1}}
