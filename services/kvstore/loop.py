@@ -34,7 +34,7 @@ from services.kvstore.worker_pools import WorkerPools
 from shared import redis_io
 from shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
 from shared.redis_io import Entry, Heartbeat
-from shared.streams import Keys
+from shared.streams import HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.kvstore")
 
@@ -67,6 +67,7 @@ class KvStoreLoop:
         self.last_change = 0.0  # monotonic time a pool last changed (0: never)
         self.last_stats = 0.0
         self.next_lease_check = 0.0
+        self.redis_trouble_at = float("-inf")  # the last Redis error (leases are judged after a grace)
         self.stats_dirty = True
         self.last_block_map = 0.0  # keys.stats("block_map"): the dashboard's per-block picture
         self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
@@ -99,6 +100,7 @@ class KvStoreLoop:
                     backoff.reset()
                 except redis_io.REDIS_ERRORS as e:
                     delay = backoff.next()
+                    self.redis_trouble_at = time.monotonic()
                     log.error("redis error: %s; retrying in %.1fs", e, delay)
                     await asyncio.sleep(delay)
         finally:
@@ -133,9 +135,12 @@ class KvStoreLoop:
         if not worker_ids:
             return
         values = await self.r.mget([self.keys.heartbeat(f"worker:{w}") for w in worker_ids])
+        # a lease a restarted Redis lost comes back with the worker's next beat: silence is not death
+        grace = time.monotonic() - self.redis_trouble_at < HEARTBEAT_TTL_S
         for worker_id, value in zip(worker_ids, values, strict=True):
             pool = self.pools.pools.get(worker_id)
-            if pool is None or (value is not None and pool.incarnation in (None, value.decode())):
+            if pool is None or (value is None and grace) or (value is not None and pool.incarnation in (
+                    None, value.decode())):
                 continue
             held = self.pools.drop(worker_id)
             log.warning("worker %s %s: its pool is dropped (%d blocks were held)", worker_id,

@@ -64,7 +64,7 @@ from shared.messages import (
 )
 from shared.parallel_sampling import child_request_ids
 from shared.redis_io import Heartbeat
-from shared.streams import Keys
+from shared.streams import HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.scheduler")
 
@@ -86,6 +86,7 @@ class SchedulerLoop:
         self.stop = asyncio.Event()
         self.routes = ApiRoutes()
         self.apis_away: set[str] = set()  # apis with live requests and no heartbeat
+        self.redis_trouble_at = float("-inf")  # the last Redis error (heartbeats are judged after a grace)
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy | PrefixCacheReset] = []
         self.policy_replies: list[tuple[str, PolicyReply]] = []  # (api_id, reply) to send
         self.kv_commands: list[PrefixCacheReset] = []  # to the kvstore with the next flush
@@ -122,6 +123,7 @@ class SchedulerLoop:
                     failing = False
                 except redis_io.REDIS_ERRORS as e:
                     delay = backoff.next()
+                    self.redis_trouble_at = time.monotonic()
                     log.error("redis error: %s; retrying in %.1fs", e, delay)
                     self._all_failed("redis error", quiet=failing)  # a step may have been cut in half
                     failing = True
@@ -253,6 +255,11 @@ class SchedulerLoop:
         names = ["kvstore"] + [f"worker:{lane.worker_id}" for lane in lanes] + [f"api:{a}" for a in apis]
         values = [v.decode() if v is not None else None
                   for v in await self.r.mget([self.keys.heartbeat(n) for n in names])]
+        if time.monotonic() - self.redis_trouble_at < HEARTBEAT_TTL_S:
+            # keys a restarted Redis lost come back with their owners' next beat: until then a
+            # missing heartbeat says nothing (silence is not death), only a new incarnation does
+            known = [self.kv_inc] + [lane.incarnation for lane in lanes]
+            values[:len(known)] = [v if v is not None else k for v, k in zip(values, known, strict=False)]
         kv_inc = values[0]
         if kv_inc != self.kv_inc:
             if self.kv_inc is not None:
