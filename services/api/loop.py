@@ -365,7 +365,8 @@ class ApiLoop:
                 self.records.create(pipe, choices.request_id, choices.meta(), choices.group_submit())
                 for gen in choices.gens:
                     choices.seq += 1
-                    self.records.append(pipe, choices.request_id, choices.seq, gen.snapshot_event(), True)
+                    self.records.append(pipe, choices.request_id, choices.seq, gen.snapshot_event(), gen.finished,
+                                        expire=True)
             await pipe.execute()
         log.warning("redis restarted: %d request records written again", len(self._requests))
 

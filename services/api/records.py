@@ -28,6 +28,7 @@ from shared.messages import SubmitRequest
 from shared.streams import Keys
 
 EVENT = b"e"
+TTL_EVERY = 64  # events between two refreshes of a running record's TTL
 WRITER_GONE_S = 30.0  # a follower gives up on a record whose writer has had no heartbeat this long
 
 
@@ -103,10 +104,13 @@ class RecordStore:
         pipe.hset(key, mapping={"meta": json.dumps(meta), "submit": pack(submit)})
         pipe.expire(key, self.ttl_s)
 
-    def append(self, pipe, request_id: str, seq: int, event: dict, final: bool) -> None:
+    def append(self, pipe, request_id: str, seq: int, event: dict, final: bool, expire: bool = False) -> None:
+        """Queue one event on `pipe`; the TTL is set again on the first, every TTL_EVERY-th
+        and the last event (or when asked), not on each: one command per event, not two."""
         key = events_key(self.keys, request_id)
         pipe.xadd(key, {EVENT: json.dumps(event, ensure_ascii=False)}, id=event_id(seq))
-        pipe.expire(key, self.ttl_s)
+        if expire or final or seq % TTL_EVERY == 1:
+            pipe.expire(key, self.ttl_s)
         if final:
             pipe.expire(record_key(self.keys, request_id), self.ttl_s)
 
