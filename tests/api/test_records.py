@@ -127,3 +127,22 @@ def test_not_ready_answers_503_with_retry_after(prefix):
         assert msg["status"] == 503 and msg["code"] == "not_ready"
         assert a.get("/v1/models").status_code == 200
         assert responder.submits == []
+
+
+def test_size_errors_name_the_parameter_and_websocket_errors_say_why(prefix):
+    with Responder(Keys(prefix)) as responder, api_client(prefix) as a:
+        huge = "word " * 400_000  # 2 MB: under the body limit, far over the context
+        error = a.post("/v1/completions", json={"prompt": huge, "max_tokens": 4}).json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+        error = a.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": huge}]}).json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+        error = a.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5000}).json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
+        with a.websocket_connect("/v1/stream") as ws:
+            ws.send_text(json.dumps({"prompt": "hi", "max_tokens": "5"}))
+            msg = ws.receive_json()
+            close = ws.receive()
+        assert msg["type"] == "error" and msg["status"] == 400 and msg["param"] == "max_tokens"
+        assert close["type"] == "websocket.close" and close["code"] == 1008
+        assert close["reason"].startswith("invalid_type: invalid value for 'max_tokens'")
+        assert responder.submits == []
