@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api import admin_routes, dashboard_routes, openai_routes, openapi, policy_routes, stream_routes
@@ -115,6 +116,13 @@ def _add_error_handlers(app: FastAPI, metrics: ApiMetrics) -> None:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         return error_response(ApiError(error.status_code, str(error.detail), code=code), metrics)
+
+    @app.exception_handler(RedisError)
+    @app.exception_handler(OSError)
+    async def redis_error(request: Request, error: Exception) -> JSONResponse:
+        log.warning("%s %s: redis unavailable: %s", request.method, request.url.path, error)
+        return error_response(ApiError(503, f"redis unavailable: {error}", code="unavailable",
+                                       type="service_unavailable", headers={"Retry-After": "2"}), metrics)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:

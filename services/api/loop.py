@@ -246,23 +246,29 @@ class ApiLoop:
                 continue
             pending = pending and bool(entries)
             items: list[tuple[Choices, Generation, Output]] = []
-            for entry in entries:
-                if entry.error is not None:
-                    log.error("dropped a bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
-                elif isinstance(entry.message, PolicyReply):
-                    future = self._commands.get(entry.message.command_id)
-                    if future is not None and not future.done():
-                        future.set_result(entry.message)
-                else:
-                    items += await self._apply(entry.message)
-            if entries:
-                await self._write(items, [entry.entry_id for entry in entries])
+            failed = False
+            try:
+                for entry in entries:
+                    if entry.error is not None:
+                        log.error("dropped a bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
+                    elif isinstance(entry.message, PolicyReply):
+                        future = self._commands.get(entry.message.command_id)
+                        if future is not None and not future.done():
+                            future.set_result(entry.message)
+                    else:
+                        await self._apply(entry.message, items)
+            except _TRANSIENT as e:  # adopting a request needs its record: read the batch again
+                log.warning("redis unavailable (adopting a request): %s", e)
+                failed = pending = True
+            if entries:  # what was applied is written even so: a re-read batch trims repeats
+                await self._write(items, [] if failed else [entry.entry_id for entry in entries])
             for _choices, gen, out in items:
                 if gen.outputs is not None:
                     gen.outputs.put_nowait(out)
+            if failed:
+                await asyncio.sleep(backoff.next())
 
-    async def _apply(self, batch: DeltaBatch) -> list[tuple[Choices, Generation, Output]]:
-        items = []
+    async def _apply(self, batch: DeltaBatch, items: list[tuple[Choices, Generation, Output]]) -> None:
         for delta in batch.deltas:
             gen = self._live.get(delta.request_id)
             if gen is None and delta.request_id not in self._ended:
@@ -276,7 +282,6 @@ class ApiLoop:
             if out.finish_reason is not None:
                 self._retire(gen)
             items.append((choices, gen, out))
-        return items
 
     async def _write(self, items: list[tuple[Choices, Generation, Output]], ack: list[bytes] = ()) -> None:
         """Append the events and acknowledge the entries in one pipeline, retried until
@@ -346,8 +351,7 @@ class ApiLoop:
         while True:
             try:
                 if await self._redis_watch.changed(self.redis):
-                    await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
-                    await self._rewrite_records()
+                    await self._retry(self._rewrite_records, "records after a Redis restart", 60.0)
                     await self._resubmit_all("redis restarted")
                 value = await redis_io.get_incarnation(self.redis, self.keys, "scheduler")
                 if value is not None and value != self._scheduler_incarnation:
@@ -359,6 +363,7 @@ class ApiLoop:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def _rewrite_records(self) -> None:
+        await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
         async with self._write_lock:
             pipe = self.redis.pipeline(transaction=False)
             for choices in list(self._requests.values()):

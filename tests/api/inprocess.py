@@ -133,7 +133,7 @@ class Responder:
 
 
 def api_config(prefix: str, **kw) -> ApiConfig:
-    return ApiConfig(redis_url=REDIS_URL, prefix=prefix, **kw)
+    return ApiConfig(**{"redis_url": REDIS_URL, "prefix": prefix, **kw})
 
 
 @contextmanager

@@ -5,6 +5,7 @@ an api restarted under its id finishes the records it had; nothing waits before 
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 
 import pytest
@@ -146,3 +147,16 @@ def test_size_errors_name_the_parameter_and_websocket_errors_say_why(prefix):
         assert close["type"] == "websocket.close" and close["code"] == 1008
         assert close["reason"].startswith("invalid_type: invalid value for 'max_tokens'")
         assert responder.submits == []
+
+
+def test_redis_down_is_a_503_never_a_hang_or_a_500(prefix):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # nothing listens there
+    with api_client(prefix, wait_ready=False, redis_url=dead) as a:
+        for method, path in (("GET", "/v1/requests/cmpl-x"), ("DELETE", "/v1/requests/cmpl-x"),
+                             ("GET", "/v1/requests/cmpl-x/stream"), ("POST", "/v1/completions")):
+            r = a.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
+            assert r.status_code == 503, (method, path, r.text)
+            assert r.json()["error"]["code"] in ("unavailable", "not_ready")
+        assert a.get("/ready").json()["missing"] == ["redis"]
