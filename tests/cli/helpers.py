@@ -7,10 +7,11 @@ import os
 import shutil
 import socket
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.waiting import wait_for  # noqa: F401  (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -39,18 +40,6 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    """Poll condition() until truthy; TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def ready(base_url: str) -> bool:

@@ -30,6 +30,7 @@ import redis
 from shared.codec import pack, unpack
 from shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
 from shared.streams import FIELD, Keys
+from tests.waiting import wait_for  # noqa: F401  (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -38,18 +39,6 @@ MODULES = {"kvstore": "services.kvstore.main", "worker": "services.gpu_worker.ma
 DEFAULT_ARGS = {"kvstore": [], "worker": ["--dtype", "float32", "--num-blocks", "256", "--worker-id", "0"],
                 "scheduler": []}
 START_TIMEOUT_S = 180.0
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    """Poll condition() until it returns something truthy; TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def delete_prefix(prefix: str, redis_url: str = REDIS_URL) -> None:
