@@ -75,6 +75,12 @@ class ApiProcess:
 
         wait_for(healthy, START_TIMEOUT_S, "the api to answer /health", interval=0.2)
 
+    def wait_ready(self) -> None:
+        """Once it answers /health and its back-end is ready (/ready 200)."""
+        self.wait_healthy()
+        with self.client() as c:
+            wait_for(lambda: c.get("/ready").status_code == 200, START_TIMEOUT_S, "/ready", interval=0.2)
+
     def requests_stream(self) -> list:
         """Every message the api put on the requests stream (SubmitRequest/AbortRequest)."""
         return [unpack(fields[FIELD]) for _id, fields in self.redis.xrange(self.keys.requests)]
@@ -120,9 +126,7 @@ def backend(tmp_path_factory):
 def stack_api(backend: ServiceStack, tmp_path_factory):
     api = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix)
     try:
-        api.wait_healthy()
-        with api.client() as c:
-            wait_for(lambda: c.get("/ready").status_code == 200, START_TIMEOUT_S, "/ready", interval=0.2)
+        api.wait_ready()
         yield api
     finally:
         api.close()

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.api.conftest import START_TIMEOUT_S, ApiProcess
+from tests.api.conftest import ApiProcess
 from tests.services.conftest import start_backend, wait_for
 
 pytestmark = pytest.mark.slow
@@ -37,9 +37,7 @@ def api(backend, tmp_path_factory):
     process = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix,
                          args=["--max-prompt-tokens", "200", "--max-output-tokens", "64"])
     try:
-        process.wait_healthy()
-        with process.client() as c:
-            wait_for(lambda: c.get("/ready").status_code == 200, START_TIMEOUT_S, "/ready", interval=0.2)
+        process.wait_ready()
         yield process
     finally:
         process.close()

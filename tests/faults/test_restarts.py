@@ -158,8 +158,7 @@ def world(tmp_path_factory):
 
 def start_api(log_dir, stack: ServiceStack, own: OwnRedis, port: int | None = None) -> ApiProcess:
     api = ApiProcess(log_dir, stack.keys.prefix, redis_url=own.url, port=port, args=["--api-id", API_ID])
-    api.wait_healthy()
-    wait_for(lambda: httpx.get(api.base_url + "/ready", timeout=5).status_code == 200, 120, "the api to be ready")
+    api.wait_ready()
     return api
 
 
