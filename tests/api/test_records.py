@@ -105,15 +105,17 @@ def test_restarted_api_finishes_its_records(prefix):
     with Responder(Keys(prefix), per_step=1) as responder:
         with api_client(prefix, api_id) as a:
             with responder.paused():
-                ids = [a.post("/v1/requests", json={"prompt": "Hello", "max_tokens": 20}).json()["request_id"]
-                       for _ in range(3)]
-                wait_for(lambda: len(responder.running) == 3, 10, "the submissions")
+                ids = [a.post("/v1/requests", json={"prompt": "Hello", "max_tokens": 20, "n": n,
+                                                    "temperature": 0.5}).json()["request_id"] for n in (1, 1, 2)]
+                wait_for(lambda: len(responder.running) == 4, 10, "the submissions")
         # the api is gone; the back-end goes on writing to its deltas stream
         wait_for(lambda: not responder.running, 10, "the responder to finish")
         with api_client(prefix, api_id) as again, api_client(prefix) as other:
             for request_id in ids:
                 body = wait_status(other, request_id, "finished")
-                assert body["text"] == expected_text(20) and len(body["token_ids"]) == 20
+                assert [(c["text"], len(c["token_ids"])) for c in body["choices"]] == \
+                    [(expected_text(20), 20)] * len(body["choices"])
+            assert len(body["choices"]) == 2
             assert again.get(f"/v1/requests/{ids[0]}").json()["status"] == "finished"
 
 
@@ -160,3 +162,25 @@ def test_redis_down_is_a_503_never_a_hang_or_a_500(prefix):
             assert r.status_code == 503, (method, path, r.text)
             assert r.json()["error"]["code"] in ("unavailable", "not_ready")
         assert a.get("/ready").json()["missing"] == ["redis"]
+
+
+def test_n_choices_are_recorded_and_streamed_by_index(prefix):
+    with Responder(Keys(prefix), per_step=1) as responder, api_client(prefix) as a, api_client(prefix) as b:
+        request_id = a.post("/v1/requests", json={"prompt": "Hello", "max_tokens": 5, "n": 3,
+                                                  "temperature": 0.7}).json()["request_id"]
+        body = wait_status(b, request_id, "finished")
+        assert [c["text"] for c in body["choices"]] == [expected_text(5)] * 3
+        assert body["usage"]["completion_tokens"] == 15 and "text" not in body
+        events = sse_events(b.get(f"/v1/requests/{request_id}/stream").text)
+        finals = [m for _, m in events if m["type"] == "final"]
+        assert sorted(m["index"] for m in finals) == [0, 1, 2]
+        for index in range(3):
+            assert "".join(m["text"] for _, m in events if m["type"] == "delta" and m["index"] == index) == \
+                expected_text(5)
+        with a.websocket_connect("/v1/stream") as ws:
+            ws.send_text(json.dumps({"prompt": "Hello", "max_tokens": 4, "n": 2, "temperature": 0.7}))
+            msgs = []
+            while sum(m["type"] == "final" for m in msgs) < 2:
+                msgs.append(ws.receive_json())
+        assert {m["index"] for m in msgs if m["type"] == "final"} == {0, 1}
+        assert [s.sampling.n for s in responder.submits] == [3, 2]
