@@ -67,4 +67,5 @@ async def _snapshot(request: Request) -> dict:
     ttft_sum = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum") or 0.0
     ttft_count = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count") or 0.0
     policies = sorted({ep.name for ep in entry_points(group=POLICY_GROUP)})
-    return build_snapshot(stats, ttft_sum, ttft_count, policies, time.time())
+    missing = await state.loop.missing_services()
+    return build_snapshot(stats, ttft_sum, ttft_count, policies, time.time(), missing)

@@ -21,8 +21,9 @@ def _plain(value):
 
 
 def build_snapshot(stats: dict[str, dict], ttft_sum: float, ttft_count: float, policies: list[str],
-                   now: float) -> dict:
-    """stats: {"scheduler": {...}, "kvstore": {...}, "block_map": {"workers": {id: {...}}}}."""
+                   now: float, missing: list[str] = ()) -> dict:
+    """stats: {"scheduler": {...}, "kvstore": {...}, "block_map": {"workers": {id: {...}}}};
+    missing: the services /ready waits for (empty: ready)."""
     sched, kv = stats.get("scheduler", {}), stats.get("kvstore", {})
     workers = {}
     for worker_id, entry in sorted((stats.get("block_map", {}).get("workers") or {}).items()):
@@ -33,6 +34,7 @@ def build_snapshot(stats: dict[str, dict], ttft_sum: float, ttft_count: float, p
     policy = sched.get("policy")
     return {
         "time": now,
+        "missing": list(missing),
         "scheduler": {key: _plain(sched.get(key)) for key in SCHEDULER_FIELDS},
         "kvstore": {key: _plain(kv.get(key)) for key in KVSTORE_FIELDS},
         "policy": policy if isinstance(policy, dict) else None,

@@ -40,6 +40,18 @@ def page(stack_api, tmp_path_factory):
         browser.close()
 
 
+def test_page_says_what_the_stack_waits_for(api_alone, tmp_path):
+    browser = Chromium(tmp_path / "profile")  # api_alone: an api with no back-end at all
+    try:
+        browser.navigate(api_alone.base_url + "/dashboard")
+        wait_for(lambda: browser.metrics().get("connection") == "connected", 60, "the dashboard's first snapshot")
+        m = browser.metrics()
+        assert m["ready"] == "waiting for scheduler, kvstore, worker"
+        assert m["policy"] == "-" and m["num_workers"] == "0" and m["num_requests_running"] == "-"
+    finally:
+        browser.close()
+
+
 def _number(text: str) -> float:
     return float(text.rstrip("%"))
 
@@ -51,6 +63,7 @@ def test_index_links_the_dashboard(stack_api):
 
 def test_page_renders_the_stack_state(page):
     m = page.metrics()
+    assert m["ready"] == "ready"
     assert m["policy"] == "fcfs"
     assert m["kv_blocks_total"] == "256"  # the backend's worker: --num-blocks 256
     assert m["num_workers"] == "1"
@@ -112,9 +125,11 @@ def test_screenshot_is_a_png_of_the_page(page, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
     assert struct.unpack(">II", png[16:24]) == VIEWPORT
     assert len(png) > 20_000  # a blank page of that size is a few kB
-    # the block map is drawn: its canvas has cells in the free colour (#e4e4e4) at least
+    # the block map is drawn: 4x4 pixels a block in one of the four state colours
     drawn = page.evaluate("(() => { const c = document.querySelector('canvas.map');"
                           "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-                          "let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] === 0xe4 && d[i+3] === 255) n++;"
+                          "const colours = new Set(['228,228,228', '111,168,220', '87,187,138', '230,145,56']);"
+                          "let n = 0; for (let i = 0; i < d.length; i += 4)"
+                          "  if (d[i+3] === 255 && colours.has(`${d[i]},${d[i+1]},${d[i+2]}`)) n++;"
                           "return n; })()")
-    assert drawn >= 16 * 256  # 4x4 pixels a block, 256 blocks, none held now
+    assert drawn == 16 * 256

@@ -19,9 +19,10 @@ def test_snapshot_of_full_blobs():
         "block_map": {"workers": {"1": {"num_blocks": 4, "block_size": 16, "states": bytes([0x81, 2, 1, 0])},
                                   "0": {"num_blocks": 2, "block_size": 16, "states": b"\x00\x80"}}},
     }
-    snap = build_snapshot(stats, ttft_sum=1.5, ttft_count=3.0, policies=["fcfs", "sjf"], now=100.0)
+    snap = build_snapshot(stats, ttft_sum=1.5, ttft_count=3.0, policies=["fcfs", "sjf"], now=100.0, missing=[])
     assert snap == {
         "time": 100.0,
+        "missing": [],
         "scheduler": {"num_requests_running": 2, "num_requests_waiting": 5, "num_preemptions_total": 1,
                       "generation_tokens_total": 640, "prompt_tokens_total": 90, "num_finished_total": 3},
         "kvstore": {"num_blocks": 4, "num_held_blocks": 3, "num_free_blocks": 1, "num_cached_blocks": 2,
@@ -38,8 +39,9 @@ def test_snapshot_of_full_blobs():
 
 
 def test_snapshot_before_any_service_reported():
-    snap = build_snapshot({"scheduler": {}, "kvstore": {}, "block_map": {}}, 0.0, 0.0, [], now=1.0)
-    assert snap["policy"] is None and snap["workers"] == {}
+    snap = build_snapshot({"scheduler": {}, "kvstore": {}, "block_map": {}}, 0.0, 0.0, [], now=1.0,
+                          missing=["kvstore", "worker"])
+    assert snap["policy"] is None and snap["workers"] == {} and snap["missing"] == ["kvstore", "worker"]
     assert set(snap["scheduler"].values()) == {None} and set(snap["kvstore"].values()) == {None}
     bad = build_snapshot({"block_map": {"workers": {"0": {"states": "not bytes"}, "1": 7}}}, 0.0, 0.0, [], 1.0)
     assert bad["workers"] == {}
