@@ -37,12 +37,15 @@ def shared_prefix(n: int, seed: int, prefix: int, suffix: int, o: int) -> list[d
 
 def multi_prefix(num_prefixes: int, per_prefix: int, seed: int, prefix: int, suffix: int, o: int) -> list[dict]:
     """num_prefixes long "system prompts" of `prefix` tokens, per_prefix requests each with
-    `suffix` distinct tokens, interleaved (request i uses prefix i % num_prefixes): with
-    several workers, what routing by cached prefix buys over round robin."""
+    `suffix` distinct tokens, in a seeded shuffled order (interleaved, but not a fixed
+    cycle that round robin would split evenly by chance): with several workers, what
+    routing by cached prefix buys over round robin."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(100, VOCAB - 100) for _ in range(prefix)] for _ in range(num_prefixes)]
-    return [{"prompt_token_ids": prefixes[i % num_prefixes] + [rng.randrange(100, VOCAB - 100) for _ in range(suffix)],
-             "max_tokens": o} for i in range(num_prefixes * per_prefix)]
+    order = [p for p in range(num_prefixes) for _ in range(per_prefix)]
+    rng.shuffle(order)
+    return [{"prompt_token_ids": prefixes[p] + [rng.randrange(100, VOCAB - 100) for _ in range(suffix)],
+             "max_tokens": o} for p in order]
 
 
 WORKLOADS: dict[str, Callable[[], list[dict]]] = {
@@ -52,6 +55,6 @@ WORKLOADS: dict[str, Callable[[], list[dict]]] = {
     "shared-prefix-32": lambda: shared_prefix(32, 1, 512, 32, 64),
     # 128 short prompts (16-64 tokens), 256 output tokens each
     "decode-heavy-128": lambda: random_mix(128, 3, 16, 64, 256, 256),
-    # 8 system prompts of 512 tokens, 8 requests each (interleaved), 32 distinct tokens, 32 output tokens
+    # 8 system prompts of 512 tokens, 8 requests each (shuffled), 32 distinct tokens, 32 output tokens
     "multi-prefix-64": lambda: multi_prefix(8, 8, 4, 512, 32, 32),
 }

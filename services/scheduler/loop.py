@@ -215,7 +215,9 @@ class SchedulerLoop:
         kind = "alloc" if isinstance(reply, AllocReply) else "result"
         if kind == "alloc":  # the pool's changes, whether or not the step is still open
             self.workers.router.index.apply(lane.worker_id, reply.blocks_stored, reply.blocks_removed,
-                                    reply.all_blocks_cleared)
+                                            reply.all_blocks_cleared)
+            if reply.num_blocks:
+                lane.held_blocks = reply.num_blocks - reply.num_free_blocks
         if lane.expects(kind, reply.step_id):
             lane.replies[(kind, reply.step_id)] = reply
         else:

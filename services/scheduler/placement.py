@@ -3,11 +3,16 @@
 Decided once per request, when it enters a worker's queue (on arrival, or when its worker
 died), as NVIDIA Dynamo's KV router does:
 
-    cost(w) = prefill_weight * (prompt blocks not cached on w) + decode_weight * load(w)
+    cost(w) = prefill_weight * new(w) + decode_weight * (load(w) + new(w))
 
-load(w): blocks of the requests already placed on w (waiting or running), counted by their
-current tokens; counting the waiting ones too spreads a burst that arrives between two
-steps (Dynamo adds a request's predicted blocks to its worker as soon as it is routed).
+new(w): the request's prompt blocks not cached on w (the prefill it costs there, and the
+blocks it adds to w's pool: its cached ones are held there already).
+
+load(w): the blocks w's running requests hold (as its pool reports them: a prefix shared
+by many counts once) plus the new blocks of the requests placed there and not admitted yet
+(what they did not find cached when placed); counting those spreads a burst that arrives
+between two steps. load + new is w's decode load once the request runs there: Dynamo's
+"potential active blocks", which is why a worker holding the prefix is not charged for it.
 The lowest cost wins; ties go to the lower load, then round robin. `round-robin` ignores
 cost (to measure what prefix routing buys).
 
@@ -130,7 +135,7 @@ class PrefixIndex:
 @dataclass(frozen=True)
 class Candidate:
     worker_id: str
-    load_blocks: int  # blocks of the requests already placed there
+    load_blocks: int  # blocks its running requests hold + new blocks of those waiting there
 
 
 class Router:
@@ -145,20 +150,30 @@ class Router:
 
     def costs(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> dict[str, float]:
         """Each candidate's cost for a request of num_blocks blocks whose full blocks are keys."""
-        overlaps = self.index.overlaps(keys, [c.worker_id for c in candidates])
-        return {c.worker_id: self.prefill_weight * (num_blocks - overlaps[c.worker_id])
-                + self.decode_weight * c.load_blocks for c in candidates}
+        return self._costs(num_blocks, self.index.overlaps(keys, [c.worker_id for c in candidates]), candidates)
+
+    def _costs(self, num_blocks: int, overlaps: dict[str, int], candidates: Sequence[Candidate]) -> dict[str, float]:
+        new = {c.worker_id: num_blocks - overlaps[c.worker_id] for c in candidates}
+        return {c.worker_id: self.prefill_weight * new[c.worker_id]
+                + self.decode_weight * (c.load_blocks + new[c.worker_id]) for c in candidates}
 
     def place(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> str:
         """The chosen worker's id (candidates: at least one, any order)."""
+        return self.choose(keys, num_blocks, candidates)[0]
+
+    def choose(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> tuple[str, int]:
+        """(the chosen worker's id, the request's blocks not cached there)."""
         if not candidates:
             raise ValueError("no worker to place on")
+        keys = keys[:max(0, num_blocks - 1)]  # the kvstore always computes the last block's token
         ordered = sorted(candidates, key=lambda c: c.worker_id)
         turn = next(self._turn) % len(ordered)
         rotation = {c.worker_id: (i - turn) % len(ordered) for i, c in enumerate(ordered)}
         if self.mode == "round-robin":
-            return ordered[turn].worker_id
-        costs = self.costs(keys, num_blocks, ordered)
+            chosen = ordered[turn].worker_id
+            return chosen, num_blocks - self.index.overlaps(keys, [chosen])[chosen]
+        overlaps = self.index.overlaps(keys, [c.worker_id for c in ordered])
+        costs = self._costs(num_blocks, overlaps, ordered)
         chosen = min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id
         self.index.predict(chosen, keys)
-        return chosen
+        return chosen, num_blocks - overlaps[chosen]

@@ -47,6 +47,8 @@ class WorkerLane:
     replies: dict[tuple[str, int], AllocReply | StepResult] = field(default_factory=dict)  # came early
     deadline: float = 0.0  # monotonic time by which the awaited reply must come
     strikes: Counter[str] = field(default_factory=Counter)
+    held_blocks: int = 0  # blocks its pool's requests hold, as the last AllocReply said
+    new_blocks: dict[str, int] = field(default_factory=dict)  # placed request id -> blocks not cached here
 
     @property
     def worker_id(self) -> str:
@@ -76,9 +78,14 @@ class WorkerLane:
         return moved
 
     def load_blocks(self) -> int:
-        """Blocks of every request placed here, by its current tokens (placement's load)."""
+        """Placement's load: the blocks held in its pool, plus the new blocks of the requests
+        waiting here (charged when placed; a preempted one, all its blocks)."""
+        waiting = self.waiting()
+        self.new_blocks = {r.request_id: self.new_blocks[r.request_id] for r in waiting
+                           if r.request_id in self.new_blocks and not r.num_preemptions}
         block_size = self.hello.block_size
-        return sum(math.ceil(r.num_tokens / block_size) for r in self.sched.live_requests())
+        return self.held_blocks + sum(self.new_blocks.get(r.request_id, math.ceil(r.num_tokens / block_size))
+                                      for r in waiting)
 
     def waiting(self) -> list[Request]:
         return [r for r in self.sched.live_requests() if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)]
@@ -146,7 +153,9 @@ class WorkerTable:
         keys = block_keys(request.all_token_ids, block_size, model, request.cache_salt) \
             if self.router.mode == "prefix" else []
         candidates = [Candidate(lane.worker_id, lane.load_blocks()) for lane in self.lanes.values()]
-        lane = self.lanes[self.router.place(keys, math.ceil(request.num_tokens / block_size), candidates)]
+        worker_id, new_blocks = self.router.choose(keys, math.ceil(request.num_tokens / block_size), candidates)
+        lane = self.lanes[worker_id]
+        lane.new_blocks[request.request_id] = new_blocks
         try:
             if fresh:
                 lane.sched.add_request(request)

@@ -63,11 +63,11 @@ def test_prefix_router_prefers_the_worker_holding_the_prefix_until_load_outweigh
     router = Router("prefix", prefill_weight=1.0, decode_weight=1.0)
     k = keys_of(list(range(40)))  # 10 full blocks
     router.index.apply("b", stored=b"".join(k))
-    # b holds all 10 blocks: cost(a) = 11 + 0, cost(b) = 1 + 5
+    # b holds all 10 blocks: cost(a) = 11 + (0 + 11), cost(b) = 1 + (5 + 1)
     assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == "b"
-    assert router.costs(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == {"a": 11.0, "b": 6.0}
-    # b's load of 12 blocks outweighs the 10 it would save
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 12)]) == "a"
+    assert router.costs(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == {"a": 22.0, "b": 7.0}
+    # b's load of 25 blocks outweighs the 20 it would save: 1 + 26 > 22
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 25)]) == "a"
 
 
 def test_prefix_router_spreads_equal_costs_by_load_then_in_turn():
@@ -79,9 +79,10 @@ def test_prefix_router_spreads_equal_costs_by_load_then_in_turn():
 
 def test_weights_scale_each_side():
     k = keys_of(list(range(40)))
-    router = Router("prefix", prefill_weight=0.0, decode_weight=1.0)  # pure load balancing
+    router = Router("prefix", prefill_weight=0.0, decode_weight=1.0)  # load once it runs there
     router.index.apply("b", stored=b"".join(k))
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 1)]) == "a"
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 9)]) == "b"  # 0 + 11 > 9 + 1
+    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 20)]) == "a"
     router = Router("prefix", prefill_weight=10.0, decode_weight=1.0)
     router.index.apply("b", stored=b"".join(k))
     assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 90)]) == "b"

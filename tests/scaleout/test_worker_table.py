@@ -32,8 +32,8 @@ def lane_of(workers: WorkerTable, request_id: str) -> str:
 
 def test_a_burst_is_spread_by_load():
     workers = table()
-    for i in range(8):
-        assert workers.place(make_request(f"r{i}", num_prompt_tokens=8, max_tokens=4), fresh=True) == []
+    for i in range(8):  # distinct prompts (make_request's tokens depend on the id's length)
+        assert workers.place(make_request("r" + "x" * i, num_prompt_tokens=8, max_tokens=4), fresh=True) == []
     assert sorted(len(lane.sched.live_requests()) for lane in workers.lanes.values()) == [4, 4]
     stats = workers.stats()
     assert stats["num_requests_waiting"] == 8 and set(stats["workers"]) == {"w1", "w2"}
@@ -81,3 +81,12 @@ def test_a_dead_workers_requests_finish_on_the_survivor_with_the_same_tokens():
     assert stats["num_finished_total"] == 4  # the dead lane's counters are kept
     assert stats["num_preemptions_total"] == len(on_w1)  # its running requests were preempted
     doubles["w2"][0].check_integrity()
+
+
+def test_load_counts_held_blocks_once_and_the_new_blocks_of_waiting_requests():
+    workers = table()
+    workers.lanes["w1"].held_blocks = 40  # e.g. 8 running requests sharing a 32-block prefix
+    workers.place(make_request("a", num_prompt_tokens=8), fresh=True)  # 2 blocks, cached nowhere
+    (worker_id,) = [w for w, lane in workers.lanes.items() if lane.sched.live_requests()]
+    assert worker_id == "w2"
+    assert workers.lanes["w2"].load_blocks() == 2 and workers.lanes["w1"].load_blocks() == 40
