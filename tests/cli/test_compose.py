@@ -183,10 +183,11 @@ def test_compose_commands_serve_a_chat_completion(services, prefix):
         assert chat_once(base_url)
         bad = httpx.post(base_url + "/v1/completions", json={"model": "smollm2", "prompt": "x", "max_tokens": -1})
         assert bad.status_code == 400  # so the rejected-requests series has a sample
-        scraped = set(re.findall(r"^(pagedserve:[a-z0-9_]+?)(?:_bucket|_sum|_count)?(?:\{| )",
-                                 httpx.get(base_url + "/metrics", timeout=10).text, flags=re.M))
+        text = httpx.get(base_url + "/metrics", timeout=10).text
+        scraped = set(re.findall(r"^(pagedserve:[a-z0-9_]+?)(?:_bucket|_sum|_count)?(?:\{| )", text, flags=re.M))
         names = {re.sub(r"_bucket$", "", name) for name in _dashboard_metrics()}
         assert names <= scraped, f"plotted by Grafana, not in /metrics: {sorted(names - scraped)}"
+        assert re.search(r'^pagedserve:kv_cache_usage_perc\{worker="[^"]+"\} ', text, flags=re.M)  # per-worker panels
         assert httpx.get(base_url + "/dashboard", timeout=10).status_code == 200
     finally:
         sup.stop_all(grace_s=20.0)
