@@ -12,6 +12,7 @@ import base64
 
 SCHEDULER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total",
                     "generation_tokens_total", "prompt_tokens_total", "num_finished_total")
+WORKER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total")
 KVSTORE_FIELDS = ("num_blocks", "num_held_blocks", "num_free_blocks", "num_cached_blocks", "num_cached_free_blocks",
                   "usage", "prefix_caching", "prefix_cache_queries", "prefix_cache_hits", "integrity_ok")
 
@@ -25,12 +26,15 @@ def build_snapshot(stats: dict[str, dict], ttft_sum: float, ttft_count: float, p
     """stats: {"scheduler": {...}, "kvstore": {...}, "block_map": {"workers": {id: {...}}}};
     missing: the services /ready waits for (empty: ready)."""
     sched, kv = stats.get("scheduler", {}), stats.get("kvstore", {})
+    lanes = sched.get("workers") if isinstance(sched.get("workers"), dict) else {}
     workers = {}
     for worker_id, entry in sorted((stats.get("block_map", {}).get("workers") or {}).items()):
         states = entry.get("states") if isinstance(entry, dict) else None
         if isinstance(states, bytes):
+            lane = lanes.get(str(worker_id)) if isinstance(lanes.get(str(worker_id)), dict) else {}
             workers[str(worker_id)] = {"num_blocks": len(states), "block_size": _plain(entry.get("block_size")),
-                                       "states": base64.b64encode(states).decode("ascii")}
+                                       "states": base64.b64encode(states).decode("ascii"),
+                                       **{key: _plain(lane.get(key)) for key in WORKER_FIELDS}}
     policy = sched.get("policy")
     return {
         "time": now,

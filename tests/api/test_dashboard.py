@@ -67,6 +67,8 @@ def test_page_renders_the_stack_state(page):
     assert m["policy"] == "fcfs"
     assert m["kv_blocks_total"] == "256"  # the backend's worker: --num-blocks 256
     assert m["num_workers"] == "1"
+    assert page.evaluate("document.getElementById('title-0').textContent") == \
+        "worker 0: 256 blocks of 16 tokens; running 0, waiting 0, preemptions 0"
     assert _number(m["kv_blocks_free"]) + _number(m["kv_blocks_cached"]) + _number(m["kv_blocks_in_use"]) \
         + _number(m["kv_blocks_shared"]) == 256
     assert page.evaluate("[...document.getElementById('policy-select').options].map(o => o.value)") \

@@ -12,7 +12,9 @@ def test_snapshot_of_full_blobs():
     stats = {
         "scheduler": {"num_requests_running": 2, "num_requests_waiting": 5, "num_preemptions_total": 1,
                       "generation_tokens_total": 640, "prompt_tokens_total": 90, "num_finished_total": 3,
-                      "policy": {"name": "sjf", "options": {"aging": 2}}, "admission": {"x": [1]}},
+                      "policy": {"name": "sjf", "options": {"aging": 2}}, "admission": {"x": [1]},
+                      "workers": {"1": {"num_requests_running": 2, "num_requests_waiting": 4, "num_preemptions_total": 1,
+                                        "load_blocks": 9}}},
         "kvstore": {"num_blocks": 4, "num_held_blocks": 3, "num_free_blocks": 1, "num_cached_blocks": 2,
                     "num_cached_free_blocks": 0, "usage": 0.75, "prefix_caching": True, "prefix_cache_queries": 64,
                     "prefix_cache_hits": 16, "integrity_ok": True, "prefix_cache_reset_ids": ["a"]},
@@ -31,8 +33,10 @@ def test_snapshot_of_full_blobs():
         "policy": {"name": "sjf", "options": {"aging": 2}},
         "policies": ["fcfs", "sjf"],
         "ttft": {"sum": 1.5, "count": 3.0},
-        "workers": {"0": {"num_blocks": 2, "block_size": 16, "states": base64.b64encode(b"\x00\x80").decode()},
-                    "1": {"num_blocks": 4, "block_size": 16, "states": base64.b64encode(b"\x81\x02\x01\x00").decode()}},
+        "workers": {"0": {"num_blocks": 2, "block_size": 16, "states": base64.b64encode(b"\x00\x80").decode(),
+                          "num_requests_running": None, "num_requests_waiting": None, "num_preemptions_total": None},
+                    "1": {"num_blocks": 4, "block_size": 16, "states": base64.b64encode(b"\x81\x02\x01\x00").decode(),
+                          "num_requests_running": 2, "num_requests_waiting": 4, "num_preemptions_total": 1}},
     }
     assert list(snap["workers"]) == ["0", "1"]
     json.dumps(snap)  # JSON-able as the SSE route sends it
