@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 
 from services.api.admission import REFRESH_S, AdmissionGate
+from services.api.control import ControlCommands
 from services.api.records import RecordStore
 from shared import redis_io
 from shared.codec import pack
@@ -58,7 +59,7 @@ class RedisUnavailable(RuntimeError):
     pass
 
 
-class ApiLoop:
+class ApiLoop(ControlCommands):
     def __init__(self, redis_url: str, keys: Keys, api_id: str | None = None, submit_timeout_s: float = 5.0,
                  admission: AdmissionGate | None = None, record_ttl_s: int = 3600):
         self.keys = keys
