@@ -15,7 +15,6 @@ while step N is in flight, so the worker finds plan N+1 waiting. Its decodes com
 positions of the tokens step N samples (Request.num_pending_tokens); results come back in
 step order. Cost: a request that stops at step N (EOS, a stop token) computes one wasted
 token in step N+1; max_tokens and max_model_len are known ahead and never overrun.
-One Scheduler serves one worker (loop.py keeps one per worker; handover.py: migration).
 
 Invariants between steps:
 - every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING),
@@ -78,10 +77,8 @@ class Scheduler:
     ) -> None:
         if long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
-        if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len must be >= 1")
-        if stream_interval < 1:
-            raise ValueError("stream_interval must be >= 1")
+        if min(max_num_seqs, max_num_batched_tokens, max_model_len, stream_interval) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len, stream_interval must be >= 1")
         if max_steps_in_flight not in (1, 2):
             raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
         self.max_steps_in_flight = max_steps_in_flight
@@ -148,10 +145,7 @@ class Scheduler:
         if self._pending is not None and any(r is request for r, _ in self._pending.candidates):
             self._aborts_after_alloc.append(request_id)
             return True
-        if request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-        else:
-            self._waiting.remove(request)
+        (self._running if request.status is RequestStatus.RUNNING else self._waiting).remove(request)
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         if request.is_fork_parent:  # nobody listens to a parent: its children get the deltas
             for child in self._forks.drop(request_id):
