@@ -37,8 +37,8 @@ from tests.cli.helpers import (
 
 COMPOSE = REPO / "docker-compose.yml"
 DASHBOARD = REPO / "monitoring/grafana/dashboards/pagedserve.json"
-BACKEND = ("kvstore", "scheduler", "gpu_worker_cpu")
-SUBCOMMAND = {"kvstore": "kvstore", "scheduler": "scheduler", "gpu_worker": "worker", "gpu_worker_cpu": "worker",
+BACKEND = ("kvstore", "scheduler", "gpu_worker")
+SUBCOMMAND = {"kvstore": "kvstore", "scheduler": "scheduler", "gpu_worker": "worker", "gpu_worker_cuda": "worker",
               "api": "api"}
 
 
@@ -53,7 +53,8 @@ def services() -> dict:
 
 
 def test_compose_structure(services):
-    assert set(services) == {"redis", *SUBCOMMAND, "prometheus", "grafana"}
+    assert set(services) == {"redis", *SUBCOMMAND, "proxy", "prometheus", "grafana"}
+    assert not any("container_name" in svc for svc in services.values())  # every service scales
     assert services["redis"]["image"].startswith("redis:7")
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     redis_command = services["redis"]["command"]
@@ -68,12 +69,19 @@ def test_compose_structure(services):
         for dep, cond in svc["depends_on"].items():
             assert cond["condition"] == "service_healthy" and "healthcheck" in services[dep], (name, dep)
         assert svc["healthcheck"]["test"][:4] == ["CMD", "pagedserve", "healthcheck", sub], name
-    assert services["api"]["ports"] == ["8000:8000"]
+    assert services["api"]["expose"] == ["8000"] and "ports" not in services["api"]  # replicas behind the proxy
+    proxy = services["proxy"]
+    assert proxy["ports"] == ["8000:8000"] and proxy["depends_on"]["api"] == {"condition": "service_healthy"}
+    [mount] = proxy["volumes"]
+    conf = (REPO / mount.split(":")[0]).read_text()
+    assert mount.split(":")[1] == "/etc/nginx/conf.d/default.conf"
+    assert "listen 8000;" in conf and "set $api http://api:8000;" in conf and "proxy_buffering off;" in conf
+    assert "resolver 127.0.0.11" in conf and "proxy_set_header Upgrade $http_upgrade;" in conf  # DNS per replica; WS
     assert services["api"]["command"][services["api"]["command"].index("--host") + 1] == "0.0.0.0"
-    gpu = services["gpu_worker"]
+    gpu = services["gpu_worker_cuda"]
     assert gpu["profiles"] == ["gpu"] and "--device" in gpu["command"] and "cuda" in gpu["command"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
-    assert "profiles" not in services["gpu_worker_cpu"]  # the CPU worker is the default
+    assert "profiles" not in services["gpu_worker"]  # the CPU worker is the default
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["monitoring"] and "healthcheck" in services[name], name
 
@@ -85,8 +93,8 @@ def _option(command: list[str], name: str) -> str:
 def test_monitoring_files_fit_together(services):
     prometheus = yaml.safe_load((REPO / "monitoring/prometheus.yml").read_text())
     [job] = prometheus["scrape_configs"]
-    api_port = services["api"]["ports"][0].split(":")[1]
-    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"api:{api_port}"]
+    [dns] = job["dns_sd_configs"]  # each api replica scraped by its own address
+    assert job["metrics_path"] == "/metrics" and dns == {"names": ["api"], "type": "A", "port": 8000}
     mounts = {m.split(":")[0]: m.split(":")[1] for m in services["prometheus"]["volumes"] + services["grafana"]["volumes"]}
     assert mounts["./monitoring/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
     provisioning = REPO / "monitoring/grafana/provisioning"
@@ -157,7 +165,7 @@ def _local_env(services: dict, name: str, prefix: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_compose_commands_serve_a_chat_completion(services, prefix):
     port = free_port()
-    overrides = {"gpu_worker_cpu": ["--dtype", "float32", "--num-blocks", "256"],
+    overrides = {"gpu_worker": ["--dtype", "float32", "--num-blocks", "256"],
                  "api": ["--host", "127.0.0.1", "--port", str(port)]}
     sup = Supervisor()
     try:
