@@ -342,3 +342,15 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> i
         faulthandler.cancel_dump_traceback_later()
     service_log.info("%s stopped (exit %d)", name, code)
     return code
+
+
+def run_loop(redis_url: str, name: str, make_loop: Callable[[aioredis.Redis], Any]) -> int:
+    """run_service over make_loop(r).run(stop), with a connection to redis_url closed at the end."""
+    async def main(stop: asyncio.Event) -> int:
+        r = await connect(redis_url)
+        try:
+            return await make_loop(r).run(stop)
+        finally:
+            await r.aclose()
+
+    return run_service(main, name)

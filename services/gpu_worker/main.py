@@ -98,15 +98,8 @@ def run(args: argparse.Namespace) -> int:
     max_model_len = config.max_model_len or worker.model_config.max_position_embeddings
     from services.gpu_worker.loop import WorkerLoop
 
-    async def main(stop) -> int:
-        r = await redis_io.connect(args.redis_url)
-        try:
-            loop = WorkerLoop(r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute)
-            return await loop.run(stop)
-        finally:
-            await r.aclose()
-
-    return redis_io.run_service(main, "worker")
+    return redis_io.run_loop(args.redis_url, "worker", lambda r: WorkerLoop(
+        r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute))
 
 
 if __name__ == "__main__":

@@ -38,16 +38,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log.info("kvstore starting: redis=%s prefix=%s", args.redis_url, args.prefix)
 
-    async def main(stop) -> int:
-        r = await redis_io.connect(args.redis_url)
-        try:
-            loop = KvStoreLoop(r, Keys(args.prefix), enable_prefix_caching=args.enable_prefix_caching,
-                               watermark=args.watermark)
-            return await loop.run(stop)
-        finally:
-            await r.aclose()
-
-    return redis_io.run_service(main, "kvstore")
+    return redis_io.run_loop(args.redis_url, "kvstore", lambda r: KvStoreLoop(
+        r, Keys(args.prefix), enable_prefix_caching=args.enable_prefix_caching, watermark=args.watermark))
 
 
 if __name__ == "__main__":

@@ -108,15 +108,9 @@ def run(args: argparse.Namespace) -> int:
                          max_steps_in_flight=2 if args.async_scheduling else 1, stream_interval=args.stream_interval,
                          long_prefill_token_threshold=args.long_prefill_token_threshold)
 
-    async def main(stop) -> int:
-        r = await redis_io.connect(args.redis_url)
-        try:
-            router = Router(args.router, args.prefill_weight, args.decode_weight)
-            return await SchedulerLoop(r, Keys(args.prefix), make_scheduler, args.step_timeout, router).run(stop)
-        finally:
-            await r.aclose()
-
-    return redis_io.run_service(main, "scheduler")
+    router = Router(args.router, args.prefill_weight, args.decode_weight)
+    return redis_io.run_loop(args.redis_url, "scheduler", lambda r: SchedulerLoop(
+        r, Keys(args.prefix), make_scheduler, args.step_timeout, router))
 
 
 if __name__ == "__main__":
