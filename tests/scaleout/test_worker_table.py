@@ -10,7 +10,8 @@ from services.scheduler.policy import FCFSPolicy
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.workers import WorkerTable
 from shared.messages import WorkerHello
-from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, outputs_by_request, run_step
+from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step
+from tests.scheduler.outcomes import outputs_by_request
 
 BS = 4
 

@@ -241,18 +241,6 @@ def run_until_done(scheduler: Scheduler, allocator, worker: FakeWorker, max_step
     return records
 
 
-def outputs_by_request(records: list[StepRecord]) -> dict[str, list[int]]:
-    outputs: dict[str, list[int]] = {}
-    for record in records:
-        for delta in record.deltas:
-            outputs.setdefault(delta.request_id, []).extend(delta.new_token_ids)
-    return outputs
-
-
-def finish_reasons(records: list[StepRecord]) -> dict[str, str]:
-    return {d.request_id: d.finish_reason for r in records for d in r.deltas if d.finish_reason}
-
-
 def make_stack(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 32,

@@ -10,16 +10,8 @@ from services.scheduler.policies.fcfs import FCFSPolicy
 from services.scheduler.policies.priority import PriorityPolicy
 from services.scheduler.policies.sjf import SJFPolicy
 from services.scheduler.scheduler import Scheduler
-from tests.scheduler.fakes import (
-    CountingAllocator,
-    FakeWorker,
-    finish_reasons,
-    make_request,
-    outputs_by_request,
-    run_step,
-    run_until_done,
-    token_at,
-)
+from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step, run_until_done, token_at
+from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 def _stack(policy, max_num_seqs=2, max_num_batched_tokens=64, num_blocks=256):

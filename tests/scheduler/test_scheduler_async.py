@@ -16,15 +16,14 @@ from shared.parallel_sampling import child_request_ids
 from tests.scheduler.fakes import (
     EOS,
     FakeWorker,
-    finish_reasons,
     make_request,
     make_stack,
-    outputs_by_request,
     run_pipelined_step,
     run_pipelined_until_done,
     run_until_done,
     token_at,
 )
+from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 def test_the_next_decode_is_planned_before_the_result_and_max_tokens_is_never_overrun():

@@ -6,16 +6,8 @@ import weakref
 import pytest
 
 from shared.messages import RequestDelta, StepResult
-from tests.scheduler.fakes import (
-    EOS,
-    finish_reasons,
-    make_request,
-    make_stack,
-    outputs_by_request,
-    run_step,
-    run_until_done,
-    token_at,
-)
+from tests.scheduler.fakes import EOS, make_request, make_stack, run_step, run_until_done, token_at
+from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 def _eos_second(request_id: str, position: int) -> int:

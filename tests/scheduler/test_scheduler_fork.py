@@ -3,16 +3,8 @@ forked into n children that share its blocks (copy-on-write for the partial last
 
 from services.kvstore.block_manager import BlockManager
 from shared.messages import ALLOC_OK, AllocResult, Fork
-from tests.scheduler.fakes import (
-    FakeWorker,
-    finish_reasons,
-    make_request,
-    make_stack,
-    outputs_by_request,
-    run_step,
-    run_until_done,
-    token_at,
-)
+from tests.scheduler.fakes import FakeWorker, make_request, make_stack, run_step, run_until_done, token_at
+from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 def _stack(num_blocks: int = 32, **scheduler_args):

@@ -6,16 +6,8 @@ from services.scheduler.policy import SchedulingPolicy
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler import Scheduler
 from shared.messages import ALLOC_PREEMPTED
-from tests.scheduler.fakes import (
-    CountingAllocator,
-    FakeWorker,
-    finish_reasons,
-    make_request,
-    make_stack,
-    outputs_by_request,
-    run_step,
-    run_until_done,
-)
+from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, make_stack, run_step, run_until_done
+from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 class AsQueuedPolicy(SchedulingPolicy):

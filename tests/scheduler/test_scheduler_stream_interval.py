@@ -9,12 +9,12 @@ from tests.scheduler.fakes import (
     EOS,
     make_request,
     make_stack,
-    outputs_by_request,
     run_pipelined_until_done,
     run_step,
     run_until_done,
     token_at,
 )
+from tests.scheduler.outcomes import outputs_by_request
 
 
 def _delta_sizes(records, request_id: str) -> list[int]:
