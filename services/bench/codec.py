@@ -13,32 +13,21 @@ import statistics
 import time
 
 from shared import codec
-from shared.messages import (
-    AllocCandidate,
-    AllocReply,
-    AllocRequest,
-    AllocResult,
-    CachedRequestData,
-    DeltaBatch,
-    RequestDelta,
-    SampledToken,
-    StepPlan,
-    StepResult,
-)
+from shared import messages as msg
 
 
 def step_messages(num_requests: int, step_id: int = 1000) -> list:
     """The five messages of a step of num_requests decodes at ~300 tokens of context."""
     ids = [f"cmpl-{i:032x}-0" for i in range(num_requests)]
     return [
-        AllocRequest(step_id, [], [AllocCandidate(r, 1, 300 + i, token_ids=[1000 + i], token_ids_start=299 + i)
+        msg.AllocRequest(step_id, [], [msg.AllocCandidate(r, 1, 300 + i, token_ids=[1000 + i], token_ids_start=299 + i)
                                    for i, r in enumerate(ids)]),
-        AllocReply(step_id, [AllocResult(r, "ok", [i] if i % 16 == 0 else []) for i, r in enumerate(ids)],
+        msg.AllocReply(step_id, [msg.AllocResult(r, "ok", [i] if i % 16 == 0 else []) for i, r in enumerate(ids)],
                    num_free_blocks=5000, num_blocks=8000),
-        StepPlan(step_id, [], [CachedRequestData(r, [i] if i % 16 == 0 else [], 299 + i, 1)
+        msg.StepPlan(step_id, [], [msg.CachedRequestData(r, [i] if i % 16 == 0 else [], 299 + i, 1)
                                for i, r in enumerate(ids)]),
-        StepResult(step_id, [SampledToken(r, 2000 + i) for i, r in enumerate(ids)]),
-        DeltaBatch(step_id, [RequestDelta(r, [2000 + i], None, 200, 100 + i, 0) for i, r in enumerate(ids)]),
+        msg.StepResult(step_id, [msg.SampledToken(r, 2000 + i) for i, r in enumerate(ids)]),
+        msg.DeltaBatch(step_id, [msg.RequestDelta(r, [2000 + i], None, 200, 100 + i, 0) for i, r in enumerate(ids)]),
     ]
 
 

@@ -23,17 +23,8 @@ import redis
 import yaml
 
 from services.launcher.supervisor import Child, Supervisor
-from tests.cli.helpers import (
-    REDIS_URL,
-    REPO,
-    START_TIMEOUT_S,
-    base_env,
-    chat_once,
-    free_port,
-    pagedserve_argv,
-    ready,
-    wait_for,
-)
+from tests.cli.helpers import REDIS_URL, REPO, START_TIMEOUT_S, base_env, chat_once, free_port, pagedserve_argv, ready
+from tests.waiting import wait_for
 
 COMPOSE = REPO / "docker-compose.yml"
 DASHBOARD = REPO / "monitoring/grafana/dashboards/pagedserve.json"
