@@ -14,7 +14,7 @@ Heartbeats are plain keys with a TTL; stats are msgpack blobs each service rewri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_PREFIX = "pagedserve"
 FIELD = b"m"
@@ -22,36 +22,31 @@ HEARTBEAT_TTL_S = 5.0
 HEARTBEAT_INTERVAL_S = 1.0
 
 
+# the fixed streams: attribute of Keys -> the parts of its name after the prefix
+FIXED_STREAMS = {"requests": ("requests",), "kv_alloc": ("kv", "alloc"), "kv_reply": ("kv", "reply"),
+                 "worker_results": ("worker", "results"), "worker_hello": ("worker", "hello"),
+                 "control": ("control",)}  # control: admin commands the kvstore answers (e.g. leak check)
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str = DEFAULT_PREFIX
+    requests: str = field(init=False, repr=False)
+    kv_alloc: str = field(init=False, repr=False)
+    kv_reply: str = field(init=False, repr=False)
+    worker_results: str = field(init=False, repr=False)
+    worker_hello: str = field(init=False, repr=False)
+    control: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, parts in FIXED_STREAMS.items():
+            object.__setattr__(self, name, self._k(*parts))
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
-    # streams
-    @property
-    def requests(self) -> str:
-        return self._k("requests")
-
-    @property
-    def kv_alloc(self) -> str:
-        return self._k("kv", "alloc")
-
-    @property
-    def kv_reply(self) -> str:
-        return self._k("kv", "reply")
-
     def worker_plan(self, worker_id: str) -> str:
         return self._k("worker", worker_id, "plan")
-
-    @property
-    def worker_results(self) -> str:
-        return self._k("worker", "results")
-
-    @property
-    def worker_hello(self) -> str:
-        return self._k("worker", "hello")
 
     def api_deltas(self, api_id: str) -> str:
         return self._k("api", api_id, "deltas")
@@ -66,8 +61,3 @@ class Keys:
     # stats blobs (msgpack maps): "scheduler", "kvstore"
     def stats(self, service: str) -> str:
         return self._k("stats", service)
-
-    # control: the kvstore answers admin commands (e.g. leak check) on this stream
-    @property
-    def control(self) -> str:
-        return self._k("control")
