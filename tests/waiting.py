@@ -1,7 +1,9 @@
-"""Waiting on conditions in tests: poll with a deadline, never a fixed sleep."""
+"""Waiting in tests: on conditions (poll with a deadline, never a fixed sleep) and on processes."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 
 
@@ -15,3 +17,13 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> None:
+    """Send sig, wait up to timeout for the exit, then SIGKILL."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 from websockets.sync.client import connect
 
+from tests.waiting import stop_process
+
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1280,1000"]
@@ -94,9 +96,4 @@ class Chromium:
 
     def close(self) -> None:
         self.exits.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 20)

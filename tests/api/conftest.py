@@ -23,6 +23,7 @@ import redis
 from shared.codec import unpack
 from shared.streams import FIELD, Keys
 from tests.services.conftest import REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
+from tests.waiting import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
@@ -90,12 +91,7 @@ class ApiProcess:
         return f"--- {self.log_path.name} ---\n" + "\n".join(lines[-tail:])
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 30)
         self.redis.close()
 
 

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.streams import Keys
 from tests.cli.helpers import REDIS_URL, START_TIMEOUT_S, base_env, free_port, pagedserve_argv, wait_for
 from tests.services.conftest import delete_prefix
+from tests.waiting import stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -80,12 +81,7 @@ class Stack:
 
     def close(self) -> None:
         self.client.close()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 60, signal.SIGINT)
         self.log.close()
         self.redis.close()
         delete_prefix(self.prefix)

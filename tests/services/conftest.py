@@ -30,7 +30,7 @@ import redis
 from shared.codec import pack, unpack
 from shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
 from shared.streams import FIELD, Keys
-from tests.waiting import wait_for  # noqa: F401  (re-exported to the tests)
+from tests.waiting import stop_process, wait_for  # noqa: F401  (wait_for re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -122,12 +122,7 @@ class ServiceStack:
     def close(self) -> None:
         for service in list(self.procs):
             proc = self.procs.pop(service)
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, 20)
         delete_prefix(self.keys.prefix, self.redis_url)
         self.redis.close()
 
