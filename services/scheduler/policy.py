@@ -74,6 +74,21 @@ class SchedulingPolicy(abc.ABC):
         return {"name": self.name, "options": {}}
 
 
+class KeyedPolicy(SchedulingPolicy):
+    """Waiting and running requests in one order: ascending sort_key(request)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def sort_key(request: Request) -> tuple:
+        """The request's rank; lowest is admitted first and preempted last."""
+
+    def order_waiting(self, waiting: list[Request], running: list[Request] = ()) -> list[Request]:
+        return sorted(waiting, key=self.sort_key)
+
+    def order_running(self, running: list[Request]) -> list[Request]:
+        return sorted(running, key=self.sort_key)
+
+
 def arrival_key(request: Request) -> tuple[float, int]:
     """Earliest arrival first; arrival_seq breaks ties between equal arrival times."""
     return (request.arrival_time, request.arrival_seq)

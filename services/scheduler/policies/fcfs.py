@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from services.scheduler.policy import SchedulingPolicy, arrival_key
-from services.scheduler.request import Request
+from services.scheduler.policy import KeyedPolicy, arrival_key
 
 
-class FCFSPolicy(SchedulingPolicy):
+class FCFSPolicy(KeyedPolicy):
     name = "fcfs"
-
-    def order_waiting(self, waiting: list[Request], running: list[Request] = ()) -> list[Request]:
-        return sorted(waiting, key=arrival_key)
-
-    def order_running(self, running: list[Request]) -> list[Request]:
-        return sorted(running, key=arrival_key)
+    sort_key = staticmethod(arrival_key)

@@ -3,7 +3,7 @@ of strictly lower priority (strictly: no ping-pong between equals or back)."""
 
 from __future__ import annotations
 
-from services.scheduler.policy import SchedulingPolicy, arrival_key
+from services.scheduler.policy import KeyedPolicy, arrival_key
 from services.scheduler.request import Request
 
 
@@ -11,14 +11,9 @@ def _key(request: Request) -> tuple[int, float, int]:
     return (-request.priority, *arrival_key(request))
 
 
-class PriorityPolicy(SchedulingPolicy):
+class PriorityPolicy(KeyedPolicy):
     name = "priority"
-
-    def order_waiting(self, waiting: list[Request], running: list[Request] = ()) -> list[Request]:
-        return sorted(waiting, key=_key)
-
-    def order_running(self, running: list[Request]) -> list[Request]:
-        return sorted(running, key=_key)
+    sort_key = staticmethod(_key)
 
     def may_displace(self, candidate: Request, victim: Request, running: list[Request]) -> bool:
         return candidate.priority > victim.priority
