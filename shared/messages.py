@@ -1,13 +1,8 @@
 """Typed messages that cross between the services, defined once.
 
-Data flows one way per step: scheduler -> kvstore (AllocRequest), kvstore -> scheduler
-(AllocReply), scheduler -> worker (StepPlan), worker -> scheduler (StepResult),
-scheduler -> api (RequestDelta). In-process the engine passes these objects directly;
-between processes `shared.codec` packs them with msgpack (one message per step per hop).
-
-Every message carries `VERSION` on the wire so a reader can refuse what it cannot parse.
-Send diffs, not state: a request's tokens cross to the worker once (NewRequestData);
-after that only counts and new block ids travel (CachedRequestData).
+One message per step per hop (in-process passed as objects, else packed by `shared.codec`),
+each carrying `VERSION` on the wire. Diffs, not state: a request's tokens reach the worker once
+(NewRequestData), then only counts and new block ids (CachedRequestData).
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    # parallel sampling: n sequences from one prompt, prefilled once (shared/parallel_sampling.py);
-    # the i-th gets seed + i, so each equals what that seed gives alone
+    # n sequences from one prompt, prefilled once; the i-th gets seed + i (parallel_sampling.py)
     n: int = 1
 
 
@@ -43,19 +37,11 @@ class SamplingParams:
 class AllocCandidate:
     """One request that wants to run this step, in the policy's order (most important first).
 
-    num_new_tokens: tokens the scheduler wants to compute this step (a decode is 1, a
-        prefill chunk is up to the budget). For a waiting request this is counted from
-        num_computed_tokens as if nothing were cached.
-    num_tokens: all tokens the request knows now (prompt + generated); for a waiting
-        request the kvstore admits it only if the pool can hold all of them (plus a
-        watermark), so a resumed long prompt is not admitted only to thrash.
-    token_ids: for a waiting request, all its known tokens (prefix-hash lookup); for a
-        running one, tokens at positions token_ids_start on (those the scheduler learnt
-        since its last candidate; -1: at the slots this step computes), so the kvstore
-        hashes blocks of generated tokens as they fill. With async scheduling they lag the
-        slots: a decode computes the position of a token sampled by a step still in flight.
-    cache_salt: keys the prefix hash besides the tokens (and the model): requests with
-        different salts never share a block.
+    num_new_tokens: tokens to compute this step (a waiting request's counted as if nothing cached).
+    num_tokens: all known tokens; a waiting request is admitted only if all fit (plus a watermark).
+    token_ids: a waiting request's known tokens, or a running one's new tokens from
+        token_ids_start (-1: this step's slots), hashed by the kvstore as blocks fill.
+    cache_salt: keys the prefix hash; requests with different salts never share a block.
     """
 
     request_id: str
@@ -69,8 +55,7 @@ class AllocCandidate:
 
 @dataclass
 class Fork:
-    """The parent's table becomes each child's (copy-on-write for its partial last block),
-    then the parent's is dropped. A child's first grant lists its whole table."""
+    """The parent's table becomes each child's (partial last block copy-on-write), then is dropped."""
 
     parent_id: str
     child_ids: list[str]
@@ -98,20 +83,16 @@ ALLOC_NOT_ADMITTED = "not_admitted"  # was waiting; stays waiting, holds nothing
 class AllocResult:
     request_id: str
     status: str
-    # blocks appended to the table; the whole table for an admitted waiting candidate or a
-    # fork's first grant (the worker has not seen the request yet)
+    # appended blocks; the whole table on admission or a fork's first grant
     new_block_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prefix-cache hit for a newly admitted request
 
 
 @dataclass
 class AllocReply:
-    """kvstore -> scheduler, one per step: results in the candidates' order.
-
-    KV events of this worker's pool since its last reply (vLLM's BlockStored/BlockRemoved/
-    AllBlocksCleared), for placement: each a concatenation of KEY_BYTES-byte keys, the
-    first bytes of a block's chained prefix hash. all_blocks_cleared comes before them.
-    """
+    """kvstore -> scheduler, one per step: results in the candidates' order, plus this pool's
+    KV events since the last reply (blocks_* concatenate KEY_BYTES-byte hash prefixes;
+    all_blocks_cleared applies first)."""
 
     step_id: int
     results: list[AllocResult] = field(default_factory=list)
@@ -132,14 +113,8 @@ KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix h
 
 @dataclass
 class NewRequestData:
-    """First time the worker sees a request (new, or resumed after preemption).
-
-    token_ids: every token the request knows (prompt + generated so far).
-    block_ids: its whole block table.
-    num_computed_tokens: tokens whose KV is already in the pool (prefix-cache hits).
-    num_output_tokens: how many of token_ids were generated (a resumed request): the
-        penalties count those apart from the prompt.
-    """
+    """First time the worker sees a request (new or resumed): all known tokens, the whole block
+    table; num_output_tokens of token_ids were generated (penalties count them apart)."""
 
     request_id: str
     token_ids: list[int]
@@ -231,16 +206,14 @@ class SubmitRequest:
     arrival_time: float  # wall clock (time.time()) at the api
     priority: int = 0
     tenant: str | None = None
-    # tokens already delivered to the client: set when an api resubmits its in-flight
-    # requests to a restarted scheduler, which resumes them (recompute) from there
+    # tokens already delivered: an api resubmitting to a restarted scheduler resumes from here
     output_token_ids: list[int] = field(default_factory=list)
     cache_salt: str = ""  # see AllocCandidate.cache_salt
 
 
 @dataclass
 class PrefixCacheReset:
-    """api -> scheduler (requests stream) -> kvstore (kv_alloc): forget every cached
-    prefix. The kvstore reports reset_id in its stats once done."""
+    """api -> scheduler -> kvstore: forget every cached prefix; reset_id appears in kvstore stats."""
 
     reset_id: str
 
@@ -253,8 +226,7 @@ class AbortRequest:
 
 @dataclass
 class SetPolicy:
-    """api -> scheduler (requests stream, in order with submissions): swap the scheduling
-    policy between two steps. The scheduler answers the asking api with a PolicyReply."""
+    """api -> scheduler, in order with submissions: swap the policy between steps (PolicyReply)."""
 
     command_id: str
     api_id: str

@@ -1,40 +1,24 @@
 """The scheduler: decides each step which requests run and how many tokens each computes.
 
-A step has three phases, strictly in this order, so a loop can put the kvstore and the
-worker in between (in-process or over Redis):
-
+Three phases per step, in this order (the kvstore and the worker sit in between):
     alloc_request = scheduler.schedule()            # -> kvstore
     step_plan = scheduler.on_alloc(alloc_reply)     # -> worker
     deltas = scheduler.on_result(step_result)       # -> api
-
-Drive it `while scheduler.has_requests()`: a step with no tokens still carries frees to the
-kvstore, dropped ids to the worker and abort deltas to the api.
-
-Async scheduling (max_steps_in_flight=2): step N+1 is scheduled, allocated and planned
-while step N is in flight, so the worker finds plan N+1 waiting. Its decodes compute the
-positions of the tokens step N samples (Request.num_pending_tokens); results come back in
-step order. Cost: a request that stops at step N (EOS, a stop token) computes one wasted
-token in step N+1; max_tokens and max_model_len are known ahead and never overrun.
+Drive it `while scheduler.has_requests()`: an empty step still carries frees, drops and aborts.
+Async scheduling (max_steps_in_flight=2): step N+1 is planned while N is in flight, its decodes
+at the positions of the tokens N samples; a request stopping at N wastes one token in N+1
+(max_tokens and max_model_len are never overrun).
 
 Invariants between steps:
-- every live request is in exactly one of waiting (WAITING/PREEMPTED) or running (RUNNING),
-  except the children of an n > 1 request, held in no queue until its prefill is done
-  (services/scheduler/fork.py); then they replace it in running (they may exceed
-  max_num_seqs for a while: nothing new is admitted until they are back under it);
+- a live request is in exactly one of waiting or running, except held fork children (fork.py),
+  which then replace their parent in running (no admission while over max_num_seqs);
 - a waiting request holds no blocks and has num_computed_tokens == 0;
-- a finished request is referenced by no queue; its id is queued once for the kvstore's
-  free_request_ids (next schedule) and once for the worker's finished_request_ids (next
-  plan). Aborted ids are queued even if the kvstore never saw them: both sides treat an
-  unknown id as a no-op. Preempted ids go only to the worker: the kvstore freed them itself;
-  a request displaced by the scheduler (policy.may_displace) goes to both, its free in the
-  same AllocRequest that offers its displacer, so the blocks are free before admission;
-- the policy changes only between steps (set_policy), so one step's candidates are all
-  ordered by one policy, and a swap preempts, drops or restarts nothing by itself;
-- an abort's delta (finish_reason "abort") is emitted by the next on_result (not by a
-  separate drain: the api gets one message per step);
-- every ALLOC_OK grant is in the plan of its step, even for a request aborted while the
-  alloc reply was awaited (that abort takes effect right after on_alloc): the kvstore may
-  list granted blocks as cached prefixes at once, so the worker must fill them.
+- a finished id is queued once for the kvstore's frees and once for the worker's drops (unknown
+  ids are no-ops there); a preempted id only for the worker; a displaced one for both, freed in
+  the AllocRequest that offers its displacer;
+- the policy changes only between steps; an abort's delta goes out with the next on_result;
+- every ALLOC_OK grant is planned, even if aborted meanwhile: the kvstore may already list its
+  blocks as cached, so the worker must fill them.
 """
 
 from __future__ import annotations
@@ -82,8 +66,7 @@ class Scheduler:
         if max_steps_in_flight not in (1, 2):
             raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
         self.max_steps_in_flight = max_steps_in_flight
-        # a running request's tokens go to the api every stream_interval tokens (its first
-        # token and its last at once): fewer deltas, SSE writes and client wake-ups per step
+        # tokens go to the api every stream_interval tokens (first and last at once)
         self.stream_interval = stream_interval
         self.policy = policy
         self.max_num_seqs = max_num_seqs
@@ -131,8 +114,8 @@ class Scheduler:
             self._requests[child.request_id] = child  # held: abortable, not queued
 
     def abort_request(self, request_id: str) -> bool:
-        """Finish a waiting or running request with "abort"; False if it is not live. A
-        candidate awaiting its alloc reply is aborted right after on_alloc (module doc)."""
+        """Finish a live request with "abort" (a pending candidate: right after on_alloc); False if
+        not live."""
         request = self._requests.get(request_id)
         if request is None:
             return False
@@ -162,8 +145,7 @@ class Scheduler:
         return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas)
 
     def has_requests(self) -> bool:
-        """Something is left to step: a live request, a finished one to deliver, or a step
-        in flight whose result must still be read."""
+        """A live request, a finished one to deliver, or a step in flight is left."""
         return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
 
     @property
@@ -171,14 +153,11 @@ class Scheduler:
         return len(self._in_flight)
 
     def can_schedule(self) -> bool:
-        """schedule() may be called now: no step awaits its alloc reply and fewer than
-        max_steps_in_flight are planned."""
+        """No step awaits its alloc reply and fewer than max_steps_in_flight are planned."""
         return self._pending is None and len(self._in_flight) < self.max_steps_in_flight
 
     def has_work_ahead(self) -> bool:
-        """A step scheduled now would compute something: a running request wants a token,
-        or a waiting one could be offered. With a step in flight, scheduling the next one
-        pays only then (frees and aborts ride with the step after its result)."""
+        """A step scheduled now would compute something (frees and aborts alone can wait)."""
         return (any(r.num_tokens_wanted(self.max_model_len) > 0 for r in self._running)
                 or any(not r.num_pending_tokens for r in self._waiting))
 
@@ -202,8 +181,7 @@ class Scheduler:
         return admission_table(self.policy, queue)
 
     def set_policy(self, policy: SchedulingPolicy) -> None:
-        """Swap the policy; only between steps (steps in flight were ordered whole by the
-        old one), so no step mixes two policies' orders."""
+        """Swap the policy, only between steps: no step mixes two policies' orders."""
         if self._pending is not None:
             raise RuntimeError("the policy can only change between steps")
         self.policy = policy
@@ -338,9 +316,8 @@ class Scheduler:
         self._next_step_id = step_id
 
     def preempt_all(self) -> list[Request]:
-        """Abandon the open steps, if any, and send every running request back to waiting to
-        recompute from prompt + output so far (counted as preemptions). The caller resets
-        the kvstore and the worker. Returns the moved requests, most important first."""
+        """Abandon open steps and preempt every running request (the caller resets kvstore and
+        worker); returns them, most important first."""
         self._pending = None
         self._in_flight.clear()
         for request in self._requests.values():
@@ -355,8 +332,7 @@ class Scheduler:
     # ---- state transitions -------------------------------------------------------------
 
     def _preempt(self, preempted: list[Request]) -> None:
-        """RUNNING -> PREEMPTED, back to the front of waiting, most important first. The
-        kvstore freed their blocks already; the worker drops them with the next plan."""
+        """RUNNING -> PREEMPTED, to the front of waiting (the kvstore freed them; the worker drops them)."""
         if not preempted:
             return
         for request in preempted:
@@ -367,8 +343,7 @@ class Scheduler:
         self._waiting.extendleft(reversed(preempted))
 
     def _fork(self, parent: Request) -> None:
-        """A parent's prefill is done: its live children take its place in running; the
-        worker drops the parent, the kvstore splits its table with the next AllocRequest."""
+        """A parent's prefill is done: its live children take its place in running."""
         children = self._forks.fork(parent)
         index = self._running.index(parent)
         self._running[index:index + 1] = children
