@@ -1,24 +1,8 @@
-"""The scheduler: decides each step which requests run and how many tokens each computes.
+"""Scheduler: per step schedule() -> kvstore, on_alloc() -> worker, on_result() -> api deltas.
 
-Three phases per step, in this order (the kvstore and the worker sit in between):
-    alloc_request = scheduler.schedule()            # -> kvstore
-    step_plan = scheduler.on_alloc(alloc_reply)     # -> worker
-    deltas = scheduler.on_result(step_result)       # -> api
-Drive it `while scheduler.has_requests()`: an empty step still carries frees, drops and aborts.
-Async scheduling (max_steps_in_flight=2): step N+1 is planned while N is in flight, its decodes
-at the positions of the tokens N samples; a request stopping at N wastes one token in N+1
-(max_tokens and max_model_len are never overrun).
-
-Invariants between steps:
-- a live request is in exactly one of waiting or running, except held fork children (fork.py),
-  which then replace their parent in running (no admission while over max_num_seqs);
-- a waiting request holds no blocks and has num_computed_tokens == 0;
-- a finished id is queued once for the kvstore's frees and once for the worker's drops (unknown
-  ids are no-ops there); a preempted id only for the worker; a displaced one for both, freed in
-  the AllocRequest that offers its displacer;
-- the policy changes only between steps; an abort's delta goes out with the next on_result;
-- every ALLOC_OK grant is planned, even if aborted meanwhile: the kvstore may already list its
-  blocks as cached, so the worker must fill them.
+Invariants: a live request is in one of waiting/running (held fork children aside); a waiting one holds
+no blocks; a finished id goes once to kvstore frees and worker drops; every ALLOC_OK grant is planned.
+With max_steps_in_flight=2 step N+1 is planned while N runs; a request stopping at N wastes a token in N+1.
 """
 
 from __future__ import annotations
@@ -66,31 +50,28 @@ class Scheduler:
         if max_steps_in_flight not in (1, 2):
             raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
         self.max_steps_in_flight = max_steps_in_flight
-        # tokens go to the api every stream_interval tokens (first and last at once)
         self.stream_interval = stream_interval
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.long_prefill_token_threshold = long_prefill_token_threshold  # step.py: 0 = no cap
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.max_model_len = max_model_len
-        self.max_waiting_requests = max_waiting_requests  # admission bounds (None: unbounded)
+        self.max_waiting_requests = max_waiting_requests
         self.max_waiting_tokens = max_waiting_tokens
-        self._refused_ids: set[str] = set()  # waiting candidates the pool refused last step
-        self._requests: dict[str, Request] = {}  # live requests (waiting or running) by id
+        self._refused_ids: set[str] = set()
+        self._requests: dict[str, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._arrival_seq = itertools.count()
         self._next_step_id = 0
-        self._free_request_ids: list[str] = []  # for the next schedule()
-        self._worker_finished_ids: list[str] = []  # for the next on_alloc()
-        self._abort_deltas: list[RequestDelta] = []  # for the next on_result()
-        self._aborts_after_alloc: list[str] = []  # aborted while awaiting the alloc reply
+        self._free_request_ids: list[str] = []
+        self._worker_finished_ids: list[str] = []
+        self._abort_deltas: list[RequestDelta] = []
+        self._aborts_after_alloc: list[str] = []
         self._pending: CandidateStep | None = None  # between schedule() and on_alloc()
-        self._in_flight: deque[InFlightStep] = deque()  # planned, not answered yet; oldest first
+        self._in_flight: deque[InFlightStep] = deque()  # oldest first
         self._counters = SchedulerCounters()
         self._forks = ForkGroups()
-
-    # ---- requests in and out -----------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
@@ -102,7 +83,7 @@ class Scheduler:
             self._forks.drop(request.request_id)
             raise ValueError(f"request {request.request_id!r}: a child id is already in use")
         self._counters.num_prompt_tokens_total += request.num_prompt_tokens
-        if children and request.num_prompt_tokens == 1:  # nothing to share: n plain requests
+        if children and request.num_prompt_tokens == 1:
             self._forks.drop(request.request_id)
             for child in children:
                 self._requests[child.request_id] = child
@@ -114,16 +95,15 @@ class Scheduler:
             self._requests[child.request_id] = child  # held: abortable, not queued
 
     def abort_request(self, request_id: str) -> bool:
-        """Finish a live request with "abort" (a pending candidate: right after on_alloc); False if
-        not live."""
+        """Finish a live request with "abort" (a pending candidate: after on_alloc); False if not live."""
         request = self._requests.get(request_id)
         if request is None:
             return False
         parent_id = self._forks.parent_of(request_id)
-        if parent_id is not None:  # a held child: it never ran, holds nothing
+        if parent_id is not None:
             self._finish_held(request)
             if self._forks.release_child(request):
-                self.abort_request(parent_id)  # no child left to fork into
+                self.abort_request(parent_id)
             return True
         if self._pending is not None and any(r is request for r, _ in self._pending.candidates):
             self._aborts_after_alloc.append(request_id)
@@ -141,11 +121,9 @@ class Scheduler:
         return bool(self._requests)
 
     def has_finished_requests(self) -> bool:
-        """Finished ids or abort deltas that a next step still has to deliver."""
         return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas)
 
     def has_requests(self) -> bool:
-        """A live request, a finished one to deliver, or a step in flight is left."""
         return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
 
     @property
@@ -153,7 +131,6 @@ class Scheduler:
         return len(self._in_flight)
 
     def can_schedule(self) -> bool:
-        """No step awaits its alloc reply and fewer than max_steps_in_flight are planned."""
         return self._pending is None and len(self._in_flight) < self.max_steps_in_flight
 
     def has_work_ahead(self) -> bool:
@@ -161,7 +138,7 @@ class Scheduler:
         return (any(r.num_tokens_wanted(self.max_model_len) > 0 for r in self._running)
                 or any(not r.num_pending_tokens for r in self._waiting))
 
-    def live_requests(self) -> list[Request]:  # waiting, running, held fork children
+    def live_requests(self) -> list[Request]:
         return list(self._requests.values())
 
     @property
@@ -176,17 +153,13 @@ class Scheduler:
         return self._counters.snapshot(len(self._running), len(self._waiting))
 
     def admission_table(self) -> dict:
-        """The policy's admission answers for the api (services.scheduler.admission)."""
         queue = queue_stats(list(self._waiting), self.max_waiting_requests, self.max_waiting_tokens)
         return admission_table(self.policy, queue)
 
     def set_policy(self, policy: SchedulingPolicy) -> None:
-        """Swap the policy, only between steps: no step mixes two policies' orders."""
         if self._pending is not None:
             raise RuntimeError("the policy can only change between steps")
         self.policy = policy
-
-    # ---- the three phases of a step ----------------------------------------------------
 
     def schedule(self) -> AllocRequest:
         if not self.can_schedule():
@@ -199,12 +172,12 @@ class Scheduler:
                                  self._refused_ids)
         if victims:
             self._preempt(victims)
-            self._free_request_ids.extend(r.request_id for r in victims)  # the kvstore frees them first
+            self._free_request_ids.extend(r.request_id for r in victims)
             running = [r for r in running if r.status is RequestStatus.RUNNING]
         self._pending = build_candidates(
             step_id,
             running=running,
-            waiting=waiting,  # a request displaced just now is not in it: not offered this step
+            waiting=waiting,
             num_free_seqs=self.max_num_seqs - len(self._running),
             token_budget=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
@@ -233,24 +206,23 @@ class Scheduler:
             result = results[candidate.request_id]
             if result.status == ALLOC_OK and candidate.is_waiting:
                 request.admit(result.num_cached_tokens)
-                self._counters.num_cached_tokens_total += request.num_computed_tokens  # prefix-cache hit
+                self._counters.num_cached_tokens_total += request.num_computed_tokens
                 num_scheduled = min(candidate.num_new_tokens,
                                     request.num_tokens_to_compute - request.num_computed_tokens)
                 admitted.append(request)
-                # a newly admitted request's new_block_ids are its whole block table
                 plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_OK and request.is_fresh_fork:
-                num_scheduled = candidate.num_new_tokens  # its first step: the kvstore sent the whole table
+                num_scheduled = candidate.num_new_tokens
                 request.is_fresh_fork = False
                 plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_OK:
                 num_scheduled = candidate.num_new_tokens
                 plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_PREEMPTED and not candidate.is_waiting:
-                preempted.append(request)  # not offered again this step: waiting was built
+                preempted.append(request)
                 continue
             else:
-                continue  # not admitted (or not scheduled) this step: it keeps its place
+                continue  # not admitted: it keeps its place
             in_flight.scheduled.append(self._plan_tokens(request, num_scheduled))
         if admitted:
             self._waiting = deque(r for r in self._waiting if r.status is not RequestStatus.RUNNING)
@@ -258,11 +230,11 @@ class Scheduler:
         self._running.extend(admitted)
         plan.finished_request_ids, self._worker_finished_ids = self._worker_finished_ids, []
         self._in_flight.append(in_flight)
-        self._apply_aborts_after_alloc()  # now in flight: their tokens will be dropped
+        self._apply_aborts_after_alloc()
         return plan
 
     def _plan_tokens(self, request: Request, num_scheduled: int) -> ScheduledRequest:
-        """Count a planned step's tokens as computed now (module doc: async scheduling)."""
+        """Count a planned step's tokens as computed now (async scheduling plans ahead)."""
         end = request.num_computed_tokens + num_scheduled
         entry = ScheduledRequest(request, num_scheduled,
                                  samples=end == request.num_tokens + request.num_pending_tokens,
@@ -286,10 +258,9 @@ class Scheduler:
             if not entry.samples:
                 if entry.completes and request.status is RequestStatus.RUNNING and self._forks.is_ready(request):
                     self._fork(request)
-                continue  # mid-prefill chunk: nothing sampled yet
+                continue
             token = sampled[request.request_id]
             request.num_pending_tokens -= 1
-            # a request preempted while the step ran keeps its token: it recomputes it later
             request.output_token_ids.append(token.token_id)
             self._counters.num_generation_tokens_total += 1
             finished_status = request.stop_status(self.max_model_len)
@@ -307,32 +278,27 @@ class Scheduler:
                 self._waiting = deque(r for r in self._waiting if not r.is_finished)
         return deltas
 
-    # ---- recovery: the kvstore or the worker lost its state ---------------------------
-
     def start_step_ids_at(self, step_id: int) -> None:
-        """Number steps from step_id on (a wall clock: a dead predecessor's replies never match)."""
+        """Number steps from step_id (a wall clock, so a dead predecessor's replies never match)."""
         if self._pending is not None or self._in_flight:
             raise RuntimeError("step ids can only change between steps")
         self._next_step_id = step_id
 
     def preempt_all(self) -> list[Request]:
-        """Abandon open steps and preempt every running request (the caller resets kvstore and
-        worker); returns them, most important first."""
+        """Abandon open steps, preempt all running requests and return them, most important first."""
         self._pending = None
         self._in_flight.clear()
         for request in self._requests.values():
-            request.num_pending_tokens = 0  # their steps' results will never be read
+            request.num_pending_tokens = 0
         self._forks.forget_forks()  # the kvstore is reset: no parent table is left to split
         moved = self.policy.order_running(self._running)
-        moved += [r for r in self._running if r not in moved]  # any the policy left out
+        moved += [r for r in self._running if r not in moved]
         self._preempt(moved)
         self._apply_aborts_after_alloc()
         return moved
 
-    # ---- state transitions -------------------------------------------------------------
-
     def _preempt(self, preempted: list[Request]) -> None:
-        """RUNNING -> PREEMPTED, to the front of waiting (the kvstore freed them; the worker drops them)."""
+        """RUNNING -> PREEMPTED, to the front of waiting."""
         if not preempted:
             return
         for request in preempted:
@@ -343,7 +309,6 @@ class Scheduler:
         self._waiting.extendleft(reversed(preempted))
 
     def _fork(self, parent: Request) -> None:
-        """A parent's prefill is done: its live children take its place in running."""
         children = self._forks.fork(parent)
         index = self._running.index(parent)
         self._running[index:index + 1] = children
@@ -352,7 +317,6 @@ class Scheduler:
         self._worker_finished_ids.append(parent.request_id)
 
     def _finish_held(self, child: Request) -> None:
-        """Abort a held fork child: it is in no queue and holds nothing anywhere."""
         child.status = RequestStatus.FINISHED_ABORTED
         del self._requests[child.request_id]
         self._abort_deltas.append(request_delta(child, []))
