@@ -1,21 +1,7 @@
-"""The Redis plumbing every service loop shares: connect, streams, heartbeats, stats.
+"""Redis plumbing for the services' loops (never the pure cores): connect, streams, heartbeats, stats.
 
-Only the services' loop.py files (and tests) use this; the pure cores never see Redis.
-- connect(): a redis.asyncio client, pinged with exponential backoff until it answers.
-- ensure_group(): XGROUP CREATE ... MKSTREAM, BUSYGROUP ignored; skip_backlog moves the
-  group to "$" so a fresh consumer ignores what was sent to a dead predecessor.
-- send(): XADD one packed message under FIELD, the stream trimmed to ~maxlen entries.
-- read_group(): XREADGROUP on several streams, every entry decoded and, by default,
-  acknowledged as it is read (NOACK: one round trip instead of two); noack=False leaves
-  them pending until XACK, and pending=True re-reads this consumer's pending entries;
-  an entry that does not decode comes back with `error` set (and its raw bytes), so a bad
-  message ends that request, never the reader's loop.
-- Heartbeat: SET key incarnation PX ttl every interval, from a task of its own.
-- RunIdWatch: notices a Redis restart (the server's run_id changed): whatever lived only
-  in Redis (groups, hellos, records) must then be written again by whoever holds it.
-- write_stats()/read_stats(): a msgpack map under keys.stats(service).
-- add_common_arguments()/run_service(): the options every service takes, and running a
-  service's async main until SIGTERM/SIGINT (exit 0) or a fatal error (logged, exit 1).
+An entry that does not decode is returned with `error` set, so a bad message ends its
+request, never the reader's loop; after a Redis restart, state kept only there is rewritten by its holder.
 """
 
 from __future__ import annotations
@@ -43,7 +29,6 @@ from shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEA
 log = logging.getLogger("pagedserve.redis")
 
 DEFAULT_MAXLEN = 10_000  # entries kept per stream (approximate trim)
-# what a loop retries with backoff (a server gone, restarting, out of memory, ...), never dies of
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
@@ -52,7 +37,6 @@ def default_redis_url() -> str:
 
 
 def add_common_arguments(parser) -> None:
-    """The options every service takes: where Redis is, the key prefix, the log level."""
     parser.add_argument("--redis-url", default=default_redis_url(),
                         help="Redis server (default: $REDIS_URL or redis://127.0.0.1:6379/0)")
     parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or DEFAULT_PREFIX,
@@ -132,9 +116,8 @@ def _decode(stream: str, entry_id: bytes, fields: dict, expected: tuple[type, ..
 async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapping[str, tuple[type, ...]],
                      block_ms: int | None, count: int = 256, noack: bool = True,
                      pending: bool = False) -> list[Entry]:
-    """New entries of `streams` (stream -> accepted message types), in the order the
-    streams are given, decoded and (noack) already acknowledged. block_ms None: do not
-    block. pending: this consumer's delivered but unacknowledged entries instead."""
+    """New entries of `streams` (stream -> accepted types), decoded, acked unless noack=False;
+    pending=True re-reads this consumer's unacknowledged entries."""
     try:
         reply = await r.xreadgroup(group, consumer, {s: "0" if pending else ">" for s in streams}, count=count,
                                    block=None if pending else block_ms, noack=noack)
@@ -159,8 +142,7 @@ async def latest_entry(r: aioredis.Redis, stream: str, expected: type) -> tuple[
 
 
 async def newest_per_worker(r: aioredis.Redis, stream: str, expected: type, count: int = 1000) -> list[tuple[bytes, Any]]:
-    """The newest decodable entry of each worker_id among a stream's last `count` (the
-    hellos a late joiner bootstraps from, several workers), oldest first."""
+    """The newest decodable entry of each worker_id among the last `count`, oldest first."""
     newest: dict[str, tuple[bytes, Any]] = {}
     for entry_id, fields in await r.xrevrange(stream, count=count):
         entry = _decode(stream, entry_id, fields, (expected,))
@@ -200,7 +182,6 @@ class Heartbeat:
         await self.r.set(self.key, self.incarnation, px=int(HEARTBEAT_TTL_S * 1000))
 
     async def start_beat(self) -> None:
-        """One beat now (after a Redis restart, before saying hello again)."""
         await self._beat()
 
     async def _run(self) -> None:
@@ -233,10 +214,7 @@ async def server_run_id(r: aioredis.Redis) -> str:
 
 
 class RunIdWatch:
-    """changed() is True once per Redis restart seen (the first call only records the id).
-
-    A server restarted without persistence has lost every stream, group and key: a NOGROUP
-    error tells a reader, this tells everyone else (a heartbeat or record writer)."""
+    """changed() is True once per Redis restart seen (the first call only records the id)."""
 
     def __init__(self) -> None:
         self.run_id: str | None = None
@@ -252,7 +230,7 @@ class RunIdWatch:
 
 async def on_restart(r: aioredis.Redis, callback: Callable[[], Awaitable[None]],
                      interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
-    """Run for ever: await callback() after each Redis restart (a task of the caller's)."""
+    """Run for ever: await callback() after each Redis restart."""
     watch = RunIdWatch()
     while True:
         try:
@@ -290,9 +268,7 @@ STOP_GRACE_S = 8.0  # after SIGTERM, how long main() gets to return before the s
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (uvicorn[standard] brings it), else asyncio's own loop:
-    uvloop spends less CPU per message, and on a machine whose cores the worker keeps busy
-    every service's CPU is taken from the model."""
+    """uvloop where installed (less CPU per message, CPU the worker needs), else asyncio's."""
     try:
         import uvloop
     except ImportError:
@@ -301,13 +277,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> int:
-    """Run main(stop) until it returns; SIGTERM/SIGINT set `stop`. Any exception is fatal:
-    logged with its traceback, exit status 1.
-
-    A stop is bounded: if main() has not returned STOP_GRACE_S after the signal, the
-    stacks of its tasks are logged and the service exits 0 anyway (a supervisor must never
-    need SIGKILL for a clean stop); if the event loop itself is stuck, faulthandler dumps
-    every thread's stack and exits after twice that."""
+    """Run main(stop); SIGTERM/SIGINT set `stop`, an exception exits 1. A stop is bounded:
+    after STOP_GRACE_S the task stacks are logged and it exits 0; a stuck loop dies at twice that."""
     service_log = logging.getLogger(f"pagedserve.{name}")
 
     async def runner() -> int:
@@ -345,7 +316,6 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[int]], name: str) -> i
 
 
 def run_loop(redis_url: str, name: str, make_loop: Callable[[aioredis.Redis], Any]) -> int:
-    """run_service over make_loop(r).run(stop), with a connection to redis_url closed at the end."""
     async def main(stop: asyncio.Event) -> int:
         r = await connect(redis_url)
         try:

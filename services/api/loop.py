@@ -1,20 +1,8 @@
-"""The api's Redis loop: submit and abort, this api's delta stream, request records,
-heartbeat, the scheduler and Redis restart watches, and reading the stats blobs.
+"""The api's Redis loop: submit and abort, its delta stream, request records, restart watches.
 
-This api writes the record (services/api/records.py) of every request whose deltas the
-scheduler sends it: the requests it submitted, and any whose deltas it finds on its stream
-after a restart (same api id: `--api-id`, by default host and port), adopted from their
-records. Each DeltaBatch is applied to the Generations it concerns, its events appended to
-the records and the batch acknowledged in one pipeline, then the Outputs handed to the
-handlers listening here. A batch read but not acknowledged before a crash is read again
-after the restart (deltas carry offsets, so nothing is applied twice).
-
-When the scheduler's incarnation changes, every live sequence is resubmitted with the
-tokens it has, and the new scheduler continues from there. When Redis restarts (its run_id
-changes), this api writes the records of its live requests again and resubmits them too
-(the scheduler drops a submission it already holds). Admission: every admission.REFRESH_S
-the scheduler's stats blob is read into the AdmissionGate. Policy commands (SetPolicy) go
-out on the requests stream; the PolicyReply comes back on this api's deltas stream.
+Each DeltaBatch's events are appended to the records and the batch acked in one pipeline;
+deltas carry offsets, so a batch re-read after a crash is never applied twice. A new
+scheduler or a restarted Redis gets every live sequence resubmitted.
 """
 
 from __future__ import annotations
@@ -67,8 +55,7 @@ class ApiLoop(ControlCommands):
         self._commands: dict[str, asyncio.Future] = {}  # SetPolicy command_id -> its PolicyReply
         self.api_id = api_id or uuid.uuid4().hex[:12]
         self.submit_timeout_s = submit_timeout_s
-        # a burst of submissions waits for a free connection (up to the submit timeout)
-        # instead of failing with "Too many connections" and retrying
+        # a burst of submits waits for a free connection instead of failing
         pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=MAX_REDIS_CONNECTIONS,
                                                         timeout=submit_timeout_s, socket_timeout=10,
                                                         socket_connect_timeout=3, health_check_interval=30)
@@ -90,7 +77,6 @@ class ApiLoop(ControlCommands):
         return self.keys.api_deltas(self.api_id)
 
     async def start(self) -> None:
-        """Start the background tasks; Redis being down is retried there, never fatal."""
         self._tasks.append(asyncio.create_task(self._run(), name="api-loop"))
 
     async def _run(self) -> None:
@@ -109,8 +95,7 @@ class ApiLoop(ControlCommands):
         await asyncio.gather(self._read_deltas(), self._watch_restarts(), self._refresh_admission())
 
     async def stop(self) -> None:
-        """Stop the tasks. Nothing is aborted: the records go on, and this api id, started
-        again, reads the deltas that came meanwhile."""
+        """Stop the tasks, aborting nothing: this api id, restarted, reads the deltas that came meanwhile."""
         if self._background:
             await asyncio.wait(list(self._background), timeout=2.0)
         for task in self._tasks:
@@ -123,11 +108,9 @@ class ApiLoop(ControlCommands):
         await self.redis.aclose()
         log.info("api %s stopped", self.api_id)
 
-    # ---- requests --------------------------------------------------------------------
 
     async def submit(self, choices: Choices) -> None:
-        """Write its record and send its one submission (one pipeline); RedisUnavailable if
-        Redis cannot be reached within submit_timeout_s (nothing was submitted then)."""
+        """Record and submit in one pipeline; RedisUnavailable (nothing submitted) after submit_timeout_s."""
         group = choices.group_submit()
         for gen in choices.gens:
             self._live[gen.request_id] = gen
@@ -148,15 +131,13 @@ class ApiLoop(ControlCommands):
             raise
 
     def abort(self, request_id: str, reason: str = "abort") -> asyncio.Task:
-        """Tell the scheduler to abort a sequence (sent in the background with retries, so a
-        caller being cancelled cannot lose it)."""
+        """Abort a sequence, sent in the background so a cancelled caller cannot lose it."""
         msg = AbortRequest(request_id, reason)
         return self._in_background(self._retry(lambda: redis_io.send(self.redis, self.keys.requests, msg),
                                                f"abort {request_id}", 60.0))
 
     def end(self, gen: Generation, reason: str, why: str) -> None:
-        """End a live sequence here (client gone, DELETE): abort it at the scheduler, record
-        the finish, wake its listener."""
+        """End a live sequence: abort it at the scheduler, record the finish, wake its listener."""
         from services.api.generation import Output
 
         self.abort(gen.request_id, why)
@@ -202,10 +183,9 @@ class ApiLoop(ControlCommands):
         if choices is not None and all(g.finished for g in choices.gens):
             del self._requests[gen.record_id]
 
-    # ---- stats and readiness ---------------------------------------------------------
 
     async def read_stats(self, names: tuple[str, ...] = ("scheduler", "kvstore")) -> dict[str, dict]:
-        """{"scheduler": {...}, "kvstore": {...}} (or the blobs named); a blob missing or unreadable is {}."""
+        """{name: blob} for the names given; a blob missing or unreadable is {}."""
         out: dict[str, dict] = {}
         for name in names:
             try:
@@ -230,7 +210,6 @@ class ApiLoop(ControlCommands):
         missing = [name for name, ok in zip(("scheduler", "kvstore"), present, strict=True) if not ok]
         return missing + ([] if workers else ["worker"])
 
-    # ---- deltas in, records out ------------------------------------------------------
 
     async def _read_deltas(self) -> None:
         backoff, pending = Backoff(), True  # first what an earlier run read and did not acknowledge
@@ -285,8 +264,7 @@ class ApiLoop(ControlCommands):
             items.append((choices, gen, out))
 
     async def _write(self, items: list[tuple[Choices, Generation, Output]], ack: list[bytes] = ()) -> None:
-        """Append the events and acknowledge the entries in one pipeline, retried until
-        Redis takes it (a restarted Redis included: the records are rewritten meanwhile)."""
+        """Append the events and ack the entries in one pipeline, retried until Redis takes it."""
         backoff = Backoff(cap=1.0)
         async with self._write_lock:
             for choices, _gen, out in items:
@@ -309,8 +287,7 @@ class ApiLoop(ControlCommands):
                     await asyncio.sleep(delay)
 
     async def _adopt(self, sequence_id: str) -> Generation | None:
-        """A sequence this api did not submit (it did before a restart): its request rebuilt
-        from its record, every recorded event replayed, so it goes on from there."""
+        """A sequence submitted before a restart: its request rebuilt and replayed from its record."""
         record_id = sequence_id.rpartition(".")[0] if "." in sequence_id else sequence_id
         loaded = await self.records.load(record_id) if self.adopt is not None else None
         if loaded is None:
@@ -333,7 +310,6 @@ class ApiLoop(ControlCommands):
             log.info("adopted request %s from its record (%d events)", record_id, choices.seq)
         return self._live.get(sequence_id)
 
-    # ---- watches ---------------------------------------------------------------------
 
     async def _refresh_admission(self) -> None:
         while True:
@@ -385,7 +361,6 @@ class ApiLoop(ControlCommands):
                 await self._retry(lambda m=msg: redis_io.send(self.redis, self.keys.requests, m),
                                   f"resubmit {msg.request_id}", 60.0)
 
-    # ---- Redis plumbing --------------------------------------------------------------
 
     async def _retry(self, op, what: str, budget_s: float):
         delay, deadline = 0.05, time.monotonic() + budget_s
