@@ -1,39 +1,9 @@
-"""The scheduler service's Redis loop: the only scheduler file that touches Redis.
+"""The scheduler service's Redis loop (the only scheduler file that touches Redis).
 
-One reader (consumer group "scheduler") follows four streams: requests (submissions,
-aborts, policy swaps, prefix-cache resets; read only once a worker has said hello, since a
-Request needs its eos ids), kv_reply, worker_results and worker_hello. Every worker has a
-lane (workers.py: its own Scheduler and step state) and steps on its own: for each lane,
-schedule() -> AllocRequest(worker_id) -> that lane's AllocReply -> on_alloc() -> StepPlan on
-worker_plan(worker_id) -> its StepResult -> on_result() -> deltas. Each iteration reads
-whatever came (blocking up to POLL_S), applies the inbox between steps, moves every lane
-as far as its replies allow, then sends the deltas (one DeltaBatch per api) and the stats.
-A slow worker only delays its own lane.
-
-Async scheduling (the default; Scheduler.max_steps_in_flight == 2): once a lane's plan N
-is out, its step N+1 is scheduled, allocated and planned while the worker runs N, so the
-worker finds plan N+1 waiting when it finishes N.
-
-Placement (placement.py): a request is placed on a lane when it arrives (or when its
-worker died), by the router: prefix (cached blocks, from the KV events every AllocReply
-carries, against load) or round-robin. It stays there for life unless its worker dies.
-With no worker yet it waits unplaced.
-
-Crash handling. Step ids start at the wall clock in microseconds, so a late reply to a
-dead predecessor never matches. Heartbeats are checked every CHECK_INTERVAL_S. A kvstore
-that vanished or restarted, or a Redis error, abandons every lane's open steps (running
-requests back to waiting, recompute) and resets every pool and worker; a reply that does
-not come in step_timeout_s, or that the core refuses, does the same to its lane only. A
-worker whose lease (heartbeat) expired leaves: its requests move to the survivors
-(handover.py) and recompute prompt + tokens so far; one that restarted keeps its lane. An
-api whose heartbeat expired has its requests aborted; a request its worker fails in
-MAX_STRIKES consecutive failed steps is aborted (one poisonous request cannot stall all).
-
-Policy swaps (SetPolicy) arrive on the requests stream, in order with the submissions
-around them; each lane takes the new policy before its next schedule() (never with a step
-awaiting its alloc reply); the asking api gets a PolicyReply. The stats blob carries the
-policy in force, the admission table over every lane's waiting requests
-(services.scheduler.admission), which the apis enforce, and per worker its own numbers.
+Each worker has a lane (its own Scheduler) that steps on its own: schedule() -> kv_alloc ->
+on_alloc() -> worker_plan -> on_result() -> deltas, so a slow worker delays only its lane.
+A kvstore restart or Redis error abandons every lane's open steps (requests recompute); a
+timeout or refused reply does so for one lane; a dead worker's requests move to survivors.
 """
 
 from __future__ import annotations
@@ -69,11 +39,11 @@ from shared.streams import HEARTBEAT_TTL_S, Keys
 log = logging.getLogger("pagedserve.scheduler")
 
 GROUP = CONSUMER = "scheduler"
-POLL_S = 0.5  # longest a read blocks, so heartbeats are checked while waiting
+POLL_S = 0.5
 CHECK_INTERVAL_S = 0.5
-STATS_INTERVAL_S = 0.25  # stats at most 4 times a second while busy (a write is a Redis round trip)
+STATS_INTERVAL_S = 0.25  # while busy: a stats write is a Redis round trip
 MAX_STRIKES = 2
-HELLO_SCAN = 1000  # hellos read back at start (a worker keeps the stream this long)
+HELLO_SCAN = 1000  # hellos read back at start
 
 
 class SchedulerLoop:
@@ -81,23 +51,21 @@ class SchedulerLoop:
                  router: Router | None = None) -> None:
         self.r, self.keys, self.step_timeout_s = r, keys, step_timeout_s
         self.workers = WorkerTable(make_scheduler, router or Router())
-        self.lanes = self.workers.lanes  # worker id -> its lane (the same dict)
+        self.lanes = self.workers.lanes
         self.incarnation = uuid.uuid4().hex
         self.stop = asyncio.Event()
         self.routes = ApiRoutes()
-        self.apis_away: set[str] = set()  # apis with live requests and no heartbeat
-        self.redis_trouble_at = float("-inf")  # the last Redis error (heartbeats are judged after a grace)
+        self.apis_away: set[str] = set()
+        self.redis_trouble_at = float("-inf")
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy | PrefixCacheReset] = []
-        self.policy_replies: list[tuple[str, PolicyReply]] = []  # (api_id, reply) to send
-        self.kv_commands: list[PrefixCacheReset] = []  # to the kvstore with the next flush
+        self.policy_replies: list[tuple[str, PolicyReply]] = []
+        self.kv_commands: list[PrefixCacheReset] = []
         self.hello_ids: dict[str, tuple[int, int]] = {}
         self.kv_inc: str | None = None
         self.step_id = 0
         self.next_check = 0.0
         self.last_stats = 0.0
         self.stats_dirty = True
-
-    # ---- the loop ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> int:
         self.stop = stop
@@ -133,8 +101,7 @@ class SchedulerLoop:
         return 0
 
     async def _advance(self, lane: WorkerLane) -> None:
-        """Move one lane as far as its replies allow: plan the step whose alloc reply came,
-        read the results that came in order, schedule the next step if it may and pays."""
+        """Move one lane as far as its replies allow, then schedule its next step if it may and pays."""
         sched = lane.sched
         while True:
             if lane.awaiting_alloc is not None and ("alloc", lane.awaiting_alloc) in lane.replies:
@@ -152,7 +119,7 @@ class SchedulerLoop:
 
     async def _plan_step(self, lane: WorkerLane) -> None:
         if lane.sched.policy is not self.workers.policy:
-            lane.sched.set_policy(self.workers.policy)  # between steps: nothing awaits its alloc reply
+            lane.sched.set_policy(self.workers.policy)
         alloc = lane.sched.schedule()
         alloc.reset, alloc.worker_id = lane.reset_kv, lane.worker_id
         lane.awaiting_alloc = alloc.step_id
@@ -167,7 +134,7 @@ class SchedulerLoop:
             self._lane_failed(lane, f"kvstore reply to step {reply.step_id} of worker {lane.worker_id} refused: {e}")
             return
         lane.reset_kv = False
-        plan.reset, lane.reset_worker = lane.reset_worker, False  # a failure sets it again
+        plan.reset, lane.reset_worker = lane.reset_worker, False
         lane.plans.append(plan)
         lane.touch(self.step_timeout_s)
         await redis_io.send(self.r, self.keys.worker_plan(lane.worker_id), plan)
@@ -184,8 +151,6 @@ class SchedulerLoop:
         self.step_id = max(self.step_id, plan.step_id)
         self._route(deltas)
         self.stats_dirty = True
-
-    # ---- reading -------------------------------------------------------------------------
 
     async def _poll(self, block_s: float) -> None:
         streams = {self.keys.worker_hello: (WorkerHello,), self.keys.kv_reply: (AllocReply,),
@@ -224,7 +189,6 @@ class SchedulerLoop:
             log.debug("stale %s reply for step %s of worker %s ignored", kind, reply.step_id, lane.worker_id)
 
     async def _bootstrap_workers(self) -> None:
-        """The newest hello of each worker whose heartbeat is alive (a late-starting scheduler)."""
         for entry_id, hello in await redis_io.newest_per_worker(self.r, self.keys.worker_hello, WorkerHello,
                                                                  HELLO_SCAN):
             await self._on_hello(entry_id, hello)
@@ -232,7 +196,7 @@ class SchedulerLoop:
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
         entry = redis_io.stream_id_tuple(entry_id)
         if entry <= self.hello_ids.get(hello.worker_id, (0, 0)):
-            return  # seen at bootstrap already
+            return
         self.hello_ids[hello.worker_id] = entry
         incarnation = await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}")
         if incarnation is None:
@@ -258,8 +222,7 @@ class SchedulerLoop:
         values = [v.decode() if v is not None else None
                   for v in await self.r.mget([self.keys.heartbeat(n) for n in names])]
         if time.monotonic() - self.redis_trouble_at < HEARTBEAT_TTL_S:
-            # keys a restarted Redis lost come back with their owners' next beat: until then a
-            # missing heartbeat says nothing (silence is not death), only a new incarnation does
+            # after a Redis restart a missing heartbeat is not death, only a new incarnation is
             known = [self.kv_inc] + [lane.incarnation for lane in lanes]
             values[:len(known)] = [v if v is not None else k for v, k in zip(values, known, strict=False)]
         kv_inc = values[0]
@@ -274,31 +237,27 @@ class SchedulerLoop:
         for lane, value in zip(lanes, values[1:1 + len(lanes)], strict=True):
             if value != lane.incarnation:
                 self._worker_left(lane, "lease expired" if value is None else "replaced by a new incarnation")
-        # an api without heartbeat keeps its requests: their records live in Redis, and the api,
-        # restarted under the same id, reads its deltas stream on (a Redis restart silences all)
+        # an api without heartbeat keeps its requests: restarted under its id, it reads its deltas on
         away = {a for a, v in zip(apis, values[1 + len(lanes):], strict=True) if v is None}
         for api_id in sorted(away - self.apis_away):
             log.warning("api %s has no heartbeat: its %d requests go on", api_id, len(self.routes.requests_of(api_id)))
         self.apis_away = away
 
-    # ---- requests in, placement, deltas out ---------------------------------------------
-
     def _apply_inbox(self) -> None:
         inbox, self.inbox = self.inbox, []
         for message in inbox:
             if isinstance(message, AbortRequest):
-                self._route(self.workers.abort(message.request_id))  # unknown/finished: a no-op
+                self._route(self.workers.abort(message.request_id))
             elif isinstance(message, SetPolicy):
                 self._set_policy(message)
             elif isinstance(message, PrefixCacheReset):
-                self.kv_commands.append(message)  # to the kvstore, between two steps
+                self.kv_commands.append(message)
             else:
                 self._submit(message)
-        self.stats_dirty = self.stats_dirty or bool(inbox)  # the admission table changed
+        self.stats_dirty = self.stats_dirty or bool(inbox)
 
     def _set_policy(self, command: SetPolicy) -> None:
-        """Lanes take it before their next step: running requests keep running, nothing is
-        dropped; each lane's next step is ordered by the new policy."""
+        """Lanes take the new policy before their next step; running requests keep running."""
         try:
             policy = load_policy(command.name, command.options if isinstance(command.options, dict) else None)
         except PolicyError as e:
@@ -311,7 +270,7 @@ class SchedulerLoop:
         self.policy_replies.append((command.api_id, reply))
 
     def _submit(self, sub: SubmitRequest) -> None:
-        # n > 1: the deltas are the children's (shared/parallel_sampling.py), the api listens to those
+        # n > 1: the api listens to the children's deltas
         sequence_ids = child_request_ids(sub.request_id, sub.sampling.n)
         if any(self.routes.is_known(request_id) for request_id in sequence_ids):
             log.debug("duplicate submission %s ignored", sub.request_id)
@@ -342,9 +301,7 @@ class SchedulerLoop:
                 await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
                 del outbox[api_id]
         finally:
-            self.routes.restore(outbox)  # a Redis error: sent again next flush (the api drops repeats)
-
-    # ---- failures ------------------------------------------------------------------------
+            self.routes.restore(outbox)  # resent next flush; the api drops repeats
 
     def _lane_failed(self, lane: WorkerLane, reason: str, quiet: bool = False) -> None:
         moved = lane.abandon()
@@ -358,7 +315,6 @@ class SchedulerLoop:
             self._lane_failed(lane, reason, quiet)
 
     def _worker_left(self, lane: WorkerLane, reason: str) -> None:
-        """Its requests move to the survivors (or wait unplaced), recomputing what they had."""
         requests, deltas = self.workers.leave(lane)
         self._route(deltas)
         log.warning("worker %s left (%s): %d requests moved to %s", lane.worker_id, reason, len(requests),
