@@ -1,14 +1,5 @@
-"""The scheduler's table of workers: per live worker, its own Scheduler and step state.
-
-Pure (no Redis): loop.py moves the messages. Each worker steps on its own (ARCHITECTURE.md,
-milestone 2): its lane holds the Scheduler of the requests placed on it (queues, policy
-order, steps in flight), the step awaiting its alloc reply, the plans awaiting their
-results and the replies read ahead of their turn. A slow or dead worker delays only its
-own lane.
-
-A worker joins with a hello whose heartbeat is alive (its lease) and leaves when that key
-expires or changes incarnation (a restart: the lane stays, its requests recompute on the
-new process); the lane of a worker that left is emptied into the survivors (handover.py).
+"""The scheduler's table of workers (no Redis): per live worker a lane with its own Scheduler
+and step state; a worker that left has its requests moved to the survivors (handover.py).
 """
 
 from __future__ import annotations
@@ -40,14 +31,14 @@ class WorkerLane:
     hello: WorkerHello
     sched: Scheduler
     incarnation: str
-    reset_kv: bool = True  # the next AllocRequest resets this worker's pool
-    reset_worker: bool = True  # the next StepPlan resets the worker
-    awaiting_alloc: int | None = None  # step id whose AllocReply is awaited
+    reset_kv: bool = True
+    reset_worker: bool = True
+    awaiting_alloc: int | None = None
     plans: deque[StepPlan] = field(default_factory=deque)  # sent, result not read yet; oldest first
     replies: dict[tuple[str, int], AllocReply | StepResult] = field(default_factory=dict)  # came early
-    deadline: float = 0.0  # monotonic time by which the awaited reply must come
+    deadline: float = 0.0  # monotonic
     strikes: Counter[str] = field(default_factory=Counter)
-    held_blocks: int = 0  # blocks its pool's requests hold, as the last AllocReply said
+    held_blocks: int = 0
     new_blocks: dict[str, int] = field(default_factory=dict)  # placed request id -> blocks not cached here
 
     @property
@@ -55,7 +46,6 @@ class WorkerLane:
         return self.hello.worker_id
 
     def expects(self, kind: str, step_id: int) -> bool:
-        """A reply this lane awaits ("alloc" or "result"); anything else is stale."""
         if kind == "alloc":
             return step_id == self.awaiting_alloc
         return any(plan.step_id == step_id for plan in self.plans)
@@ -64,12 +54,10 @@ class WorkerLane:
         return self.awaiting_alloc is not None or bool(self.plans)
 
     def touch(self, step_timeout_s: float) -> None:
-        """Something came or went: the next reply is due step_timeout_s from now."""
         self.deadline = time.monotonic() + step_timeout_s
 
     def abandon(self) -> list[Request]:
-        """Every open step abandoned, running requests back to waiting (recompute), both
-        peers reset by the next step. Returns the requests moved."""
+        """Abandon every open step; running requests go back to waiting. Returns them."""
         moved = self.sched.preempt_all()
         self.reset_kv = self.reset_worker = True
         self.awaiting_alloc = None
@@ -78,8 +66,7 @@ class WorkerLane:
         return moved
 
     def load_blocks(self) -> int:
-        """Placement's load: the blocks held in its pool, plus the new blocks of the requests
-        waiting here (charged when placed; a preempted one, all its blocks)."""
+        """Blocks held in its pool plus the new blocks of requests waiting here (preempted: all)."""
         waiting = self.waiting()
         self.new_blocks = {r.request_id: self.new_blocks[r.request_id] for r in waiting
                            if r.request_id in self.new_blocks and not r.num_preemptions}
@@ -97,26 +84,21 @@ class WorkerLane:
 
 
 class WorkerTable:
-    """Every live worker's lane, the requests waiting for a first worker, and placement.
-
-    Methods that end requests return the deltas the api must get (the loop routes them).
-    """
+    """Every live worker's lane and the unplaced requests; methods that end requests return deltas."""
 
     def __init__(self, make_scheduler: Callable[[], Scheduler], router: Router) -> None:
         self.make_scheduler, self.router = make_scheduler, router
-        self.template = make_scheduler()  # the admission bounds every lane shares, the policy in force
+        self.template = make_scheduler()  # admission bounds and policy shared by every lane
         self.lanes: dict[str, WorkerLane] = {}
         self.unplaced: list[tuple[Request, bool]] = []  # (request, fresh) while no worker is live
         self.counter_base: Counter[str] = Counter()  # counters of the lanes of workers gone
-        self.model: WorkerHello | None = None  # the newest hello: eos ids, model, block size
+        self.model: WorkerHello | None = None
 
     @property
     def policy(self):
         return self.template.policy
 
     def join(self, hello: WorkerHello, incarnation: str, step_ids_from: int) -> tuple[WorkerLane, list[RequestDelta]]:
-        """A new worker's lane, or a restarted one's (its open steps abandoned: the caller
-        logs them). Requests waiting for a first worker are placed."""
         self.model = hello
         lane = self.lanes.get(hello.worker_id)
         if lane is not None:
@@ -126,26 +108,23 @@ class WorkerTable:
             sched.policy = self.policy
             sched.start_step_ids_at(step_ids_from)
             lane = self.lanes[hello.worker_id] = WorkerLane(hello, sched, incarnation)
-        self.router.index.drop(hello.worker_id)  # its pool is new and empty
+        self.router.index.drop(hello.worker_id)
         # a request longer than the whole pool could never be admitted again once preempted
         lane.sched.max_model_len = min(hello.max_model_len, hello.num_blocks * hello.block_size)
         unplaced, self.unplaced = self.unplaced, []
         return lane, [d for request, fresh in unplaced for d in self.place(request, fresh)]
 
     def leave(self, lane: WorkerLane) -> tuple[list[Request], list[RequestDelta]]:
-        """A worker gone: its requests move to the survivors (or wait for the next worker),
-        recomputing what they had. Returns the requests moved and the deltas owed."""
         del self.lanes[lane.worker_id]
         self.router.index.drop(lane.worker_id)
-        requests, deltas = release_all(lane.sched)  # its running requests count as preempted
+        requests, deltas = release_all(lane.sched)
         self.counter_base.update(lane.counters())
         for request in requests:
             deltas += self.place(request, fresh=False)
         return requests, deltas
 
     def place(self, request: Request, fresh: bool) -> list[RequestDelta]:
-        """Queue the request on the worker the router picks (fresh: a new submission, else
-        one released by a dead worker); its abort deltas if no worker can take it."""
+        """Queue the request on the router's pick (fresh: a new submission); abort deltas if refused."""
         if not self.lanes:
             self.unplaced.append((request, fresh))
             return []
@@ -167,8 +146,7 @@ class WorkerTable:
         return []
 
     def abort(self, request_id: str) -> list[RequestDelta]:
-        """Abort a live request wherever it is (its delta comes with its lane's next step);
-        an unplaced one's deltas at once. Unknown: a no-op."""
+        """Abort a live request (its delta comes with its lane's next step); unplaced: deltas at once."""
         if any(lane.sched.abort_request(request_id) for lane in self.lanes.values()):
             return []
         for request, fresh in self.unplaced:
@@ -186,8 +164,6 @@ class WorkerTable:
         return bool(self.unplaced) or any(lane.sched.has_requests() for lane in self.lanes.values())
 
     def stats(self) -> dict:
-        """Totals (counters never go down), "workers": each lane's own, and the admission
-        table over every waiting request."""
         lanes, unplaced = list(self.lanes.values()), [r for r, _ in self.unplaced]
         totals, workers, waiting = Counter(self.counter_base), {}, list(unplaced)
         for lane in lanes:
