@@ -1,20 +1,7 @@
-"""The worker service's Redis loop: the only worker file that touches Redis.
+"""The worker's Redis loop (the only worker file touching Redis): heartbeat (the lease) before
+hello, then one StepResult per StepPlan, computed on the compute thread so the heartbeat goes on.
 
-Start: skip whatever waits on its plan stream (meant for a dead predecessor), heartbeat
-"worker:<id>" (its lease: the scheduler and the kvstore drop a worker whose key expired,
-HEARTBEAT_TTL_S after its last beat), then say hello (pool size, block size, model limits) on worker_hello: the
-heartbeat comes first, so a peer that reads the hello finds the heartbeat of the same
-incarnation. Then one StepResult on worker_results per StepPlan read from
-worker_plan(<id>) (group "worker"). Plans run on the worker's compute thread (the one that
-loaded the model, see main.py) so the heartbeat goes on during a long step.
-
-Never dies of a bad plan: a plan that does not decode is answered with an empty result
-(when its step_id can be read); requests it cannot run (unknown id, token or block id out
-of range, too few blocks) are dropped from the plan with an error line, so they are
-missing from the result; a plan whose execution raises anyway gets an empty result. The
-scheduler resets after any such answer, as after the empty result a fresh worker gives
-every plan until the scheduler's first reset=True one. A non-reset plan whose step_id is
-not above the last one is a redelivery and is dropped.
+Never dies of a bad plan: it answers empty or drops the requests it cannot run, and the scheduler resets.
 """
 
 from __future__ import annotations
@@ -58,10 +45,7 @@ class WorkerLoop:
         await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
         log.info("worker %s ready: said hello (num_blocks=%d block_size=%d max_model_len=%d) incarnation=%s",
                  self.worker_id, hello.num_blocks, hello.block_size, hello.max_model_len, self.incarnation)
-        # The next plan is read (and decoded) while this step runs, and a result is sent
-        # while the next step runs: the compute thread goes from one step straight to the
-        # next. Reading after each step, then sending, kept both cores off the model for
-        # 3-4 ms a step while the scheduler and kvstore woke on the same cores.
+        # plans are read and results sent while a step runs: the compute thread never waits on Redis
         entries: asyncio.Queue[Entry] = asyncio.Queue(maxsize=PLANS_AHEAD)
         results: asyncio.Queue[StepResult] = asyncio.Queue()
         reader = asyncio.create_task(self._read_plans(plans, f"worker-{self.worker_id}", entries))
@@ -109,8 +93,7 @@ class WorkerLoop:
                 await asyncio.sleep(delay)
 
     async def _send_results(self, results: asyncio.Queue) -> None:
-        """In step order; a result is retried until Redis takes it (the scheduler resets
-        the worker if it waits too long)."""
+        """In step order; each retried until Redis takes it."""
         backoff = redis_io.Backoff()
         while True:
             result = await results.get()

@@ -1,8 +1,4 @@
-"""`pagedserve worker`: the worker service (see loop.py for what it does over Redis).
-
-It loads the model and allocates its KV pool once, before joining: a bad option or a model
-that cannot load is fatal at start, with the field named.
-"""
+"""`pagedserve worker`: loads the model and KV pool before joining (failures are fatal at start), then runs loop.py."""
 
 from __future__ import annotations
 
@@ -83,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log.info("worker %s starting: model=%s dtype=%s device=%s redis=%s prefix=%s", args.worker_id, config.model,
              config.dtype, config.device, args.redis_url, args.prefix)
-    # Every torch op of this process runs on this one thread: the model load as well as each
-    # step. OpenMP gives each thread that calls into torch its own team of worker threads; a
-    # second team (the asyncio thread's, say) spins and sleeps against the first on the same
-    # cores: a decode step measured 65 ms with one team and 86-95 ms once a second existed.
+    # every torch op runs on one thread: OpenMP gives each calling thread its own team, and two teams contend
     if args.threads is not None:  # before torch loads: OpenMP reads it once
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")

@@ -1,17 +1,7 @@
-"""The block manager: per-request block tables over one worker's BlockPool.
+"""Per-request block tables over one worker's BlockPool; the first allocation creates a table.
 
-Fine-grained API (num_blocks_needed, can_allocate, allocate_slots, admit, fork, free) plus
-the batched step() the scheduler drives once per step (see alloc_step.py). There is no
-explicit register: the first allocation for a request id creates its table; free() drops it.
-
-Refcounts: with prefix caching a full block may be in several tables; freeing drops one
-reference and only a block nobody references joins the free queue, still carrying its
-prefix hash until a new owner evicts it. A shared full block is never written again. The
-one shared block that is written is a fork's partial last block: a fork child's first
-allocation copies it on write (a fresh block, and a (src, dst) pair the step's reply
-hands the worker to copy before it computes), unless the child is its last holder.
-
-Invariant (check_integrity): each block's ref_cnt equals the number of tables that list it.
+Invariant: each block's ref_cnt equals the number of tables listing it; shared full blocks
+are never rewritten, and a fork's shared partial last block is copied on first write.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ from shared.messages import KEY_BYTES, AllocReply, AllocRequest
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False,
                  watermark: float = 0.01, hash_keys: Sequence[str] = (), record_events: bool = False) -> None:
-        """hash_keys: what besides the tokens makes K/V differ for every request (the model).
-        record_events: keep the hash table's changes for take_kv_events() (placement)."""
+        """hash_keys: what besides tokens makes K/V differ (the model), mixed into every prefix hash."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not 0.0 <= watermark < 1.0:
@@ -91,10 +80,8 @@ class BlockManager:
 
     def allocate_slots(self, request_id: str, num_new_tokens: int, token_ids: Sequence[int] = (),
                        token_ids_start: int = -1) -> list[int] | None:
-        """Cover num_new_tokens more slots; the new block ids, or None (and no change) if
-        the pool has too few free blocks. token_ids: tokens at positions token_ids_start
-        on (-1: the new slots' own), hashed as blocks fill; they may lag the slots (async
-        scheduling) but not leave a gap. A shared partial last block is copied first (a fork)."""
+        """New block ids, or None (no change) if too few are free; token_ids start at
+        token_ids_start (-1: the new slots) and may lag the slots but never leave a gap."""
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if not self.can_allocate(request_id, num_new_tokens):
@@ -116,14 +103,8 @@ class BlockManager:
 
     def admit(self, request_id: str, num_tokens: int, num_new_tokens: int,
               token_ids: Sequence[int] = (), cache_salt: str = "") -> tuple[list[int], int] | None:
-        """Admit a waiting request: (its whole table, num_cached_tokens) or None.
-
-        Only if the free pool, after prefix hits, holds all num_tokens plus the watermark
-        (waived while no block is held: alone, it has nobody to make room for), so a long
-        resumed prompt is not admitted only to be preempted again. Allocates now only what
-        num_new_tokens needs, counted from the end of the cached prefix. At least the last
-        token is always left to compute, so the request yields a sample.
-        """
+        """(block ids, num_cached_tokens) or None unless all num_tokens plus the watermark fit
+        (waived when the pool is empty); the last token is always left to compute."""
         if num_tokens < 1 or num_new_tokens < 0:
             raise ValueError(f"admit {request_id!r}: num_tokens={num_tokens}, num_new_tokens={num_new_tokens}")
         if token_ids and len(token_ids) != num_tokens:
@@ -157,9 +138,7 @@ class BlockManager:
         return self.get_block_ids(request_id), num_cached_tokens
 
     def fork(self, parent_id: str, child_ids: Sequence[str]) -> None:
-        """Each child gets the parent's table (one more reference per block), then the
-        parent's is dropped. ValueError (and no change) for an unknown parent or a child
-        that already has a table."""
+        """Each child gets the parent's table (one more reference per block); the parent's is dropped."""
         parent = self._tables.get(parent_id)
         if parent is None:
             raise ValueError(f"fork of {parent_id!r}, which holds no table")
@@ -175,13 +154,11 @@ class BlockManager:
         return table is not None and table.is_fresh_fork
 
     def take_block_copies(self) -> list[tuple[int, int]]:
-        """The (src, dst) copies made since the last call, for this step's reply."""
         copies, self._block_copies = self._block_copies, []
         return copies
 
     def take_kv_events(self) -> tuple[bytes, bytes, bool]:
-        """(keys stored, keys removed, all cleared first) since the last call, as AllocReply
-        carries them: each key the first KEY_BYTES bytes of a block's prefix hash."""
+        """(stored, removed, cleared) since the last call; keys are KEY_BYTES-long hash prefixes."""
         stored, removed, cleared = self.pool.take_events()
         return b"".join(h[:KEY_BYTES] for h in stored), b"".join(h[:KEY_BYTES] for h in removed), cleared
 
@@ -191,7 +168,6 @@ class BlockManager:
         return self.pool.reset_cache()
 
     def free(self, request_id: str) -> None:
-        """Drop the request's table, tail first (a no-op for an unknown id)."""
         table = self._tables.pop(request_id, None)
         if table is not None:
             self.pool.release(reversed(table.blocks))
@@ -223,13 +199,8 @@ class BlockManager:
         self.num_block_copies += 1
 
     def _cache_full_blocks(self, table: BlockTable) -> None:
-        """Offer each newly full block whose tokens are known to the hash table.
-
-        A block is hashed as soon as the step that fills it is allocated: the worker writes
-        every request's new K/V of a layer before any attention reads, so a request admitted
-        later in the same step may already hit it; and a granted request is never preempted
-        later in its step, so the K/V will be written.
-        """
+        """Hash newly full blocks at allocation: the worker writes a layer's K/V before any
+        attention reads it, so a later request in the same step may already hit them."""
         num_hashable = min(table.num_tokens // self.block_size, len(table.block_hashes))
         for index in range(table.num_hashed_blocks, num_hashable):
             self.pool.cache(table.blocks[index], table.block_hashes[index])

@@ -1,22 +1,7 @@
-"""The kvstore service's Redis loop: the only kvstore file that touches Redis.
+"""The kvstore's Redis loop (the only kvstore file touching Redis): one pool per live worker.
 
-It keeps one pool per live worker (worker_pools.WorkerPools). A worker joins with its
-hello on worker_hello (at start, the newest hello of each worker whose heartbeat is alive,
-found with XREVRANGE); its lease is its heartbeat key: every LEASE_CHECK_S the
-kvstore reads the heartbeats of the workers it knows, and drops the pool of one whose key
-expired or changed incarnation (a restarted worker's new hello brings it back, empty).
-Each AllocRequest on kv_alloc (group "kvstore") names its worker and is answered with
-exactly one AllocReply on kv_reply (WorkerPools.apply: reset, refusals and redeliveries).
-A request that does not decode is logged and answered with an empty AllocReply for its
-step_id (and worker, when readable): the scheduler then resets that worker's step.
-
-Stats (keys.stats("kvstore")): WorkerPools.stats() (totals over every pool, and "workers":
-each pool's own) plus integrity_ok/integrity_error, incarnation, step_id, worker_ids; the
-counters (hits, evictions, copies, ...) never go down; written at most every
-STATS_INTERVAL_S while busy and as soon as the stream goes quiet; the full integrity check
-(every pool) runs every INTEGRITY_INTERVAL_S while busy and once quiet for QUIET_S.
-PAGEDSERVE_CHECK_INTEGRITY=1 checks after every step.
-keys.stats("block_map"): block_map.block_map() of each worker's pool, at most once a second.
+A worker's lease is its heartbeat key; every AllocRequest gets exactly one AllocReply (an
+empty one for its step_id if it does not decode, so the scheduler resets that worker's step).
 """
 
 from __future__ import annotations
@@ -39,11 +24,8 @@ from shared.streams import HEARTBEAT_TTL_S, Keys
 log = logging.getLogger("pagedserve.kvstore")
 
 GROUP = CONSUMER = "kvstore"
-STATS_INTERVAL_S = 0.25  # at most 4 writes a second while busy: each is a Redis round trip
-# a full check walks every block (4-5 ms for a 2 GiB pool, CPU taken from the worker's
-# cores): every 10 s while busy, and once the stream has been quiet for QUIET_S with no block
-# held by a request. Quiet is measured from the last change, not from one empty read (a read
-# waits only until the next stats write is due, shorter than a decode step).
+STATS_INTERVAL_S = 0.25  # each write is a Redis round trip
+# a full check walks every block: run it every 10 s while busy, and once quiet (from the last change) for QUIET_S
 INTEGRITY_INTERVAL_S = 10.0
 QUIET_S = 0.5
 LEASE_CHECK_S = 1.0  # how often the workers' heartbeats (leases) are read
@@ -110,7 +92,6 @@ class KvStoreLoop:
     # ---- workers joining and leaving ----------------------------------------------------
 
     async def _bootstrap_workers(self) -> None:
-        """The newest hello of each worker whose heartbeat is alive (a late-starting kvstore)."""
         for entry_id, hello in await redis_io.newest_per_worker(self.r, self.keys.worker_hello, WorkerHello,
                                                                  HELLO_SCAN):
             if await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}") is not None:
@@ -129,7 +110,6 @@ class KvStoreLoop:
                  hello.num_blocks, hello.block_size, len(self.pools.pools))
 
     async def _check_leases(self) -> None:
-        """Drop the pool of every worker whose heartbeat expired or changed incarnation."""
         self.next_lease_check = time.monotonic() + LEASE_CHECK_S
         worker_ids = list(self.pools.pools)
         if not worker_ids:
@@ -185,15 +165,11 @@ class KvStoreLoop:
         return now - self.last_integrity >= INTEGRITY_INTERVAL_S or (idle and self._settled(now))
 
     def _settled(self, now: float) -> bool:
-        """Quiet for QUIET_S and no block held by a request: the burst is over. While requests
-        hold blocks another step is coming, however long the last one took (a float32 step of
-        128 requests takes 0.6 s on a 2-core Zen 3: "quiet for 0.5 s" alone checked every step)."""
+        """Quiet for QUIET_S and no block held: while requests hold blocks another step is coming."""
         return now - self.last_change >= QUIET_S and self.pools.num_held_blocks == 0
 
     def _block_ms(self) -> int:
-        """How long a read may wait: until the next stats write, integrity check or lease
-        check falls due (a read that times out is "idle"). Not a fixed short poll: while
-        busy, steps come every few tens of ms and each wake-up takes CPU from the workers."""
+        """Wait until the next stats write, integrity or lease check is due; polling would take workers' CPU."""
         now = time.monotonic()
         deadlines = [now + 1.0]
         if self.pools.pools:
@@ -227,7 +203,6 @@ class KvStoreLoop:
 
 
 def _peek_worker_id(raw: bytes | None) -> str:
-    """The worker_id of a message that did not decode, or "" if it cannot be read."""
     try:
         worker_id = msgpack.unpackb(raw, raw=False)["d"]["worker_id"]
     except Exception:  # garbage of any shape

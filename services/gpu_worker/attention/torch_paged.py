@@ -1,14 +1,7 @@
-"""Paged attention in plain torch: the CPU serving path.
+"""Paged attention in plain torch (the CPU path): decodes go to the C++ kernel or to
+context-length buckets of masked SDPA, prefill chunks to cpu_prefill.cpp or one causal SDPA each.
 
-attend() splits the step's ragged batch (metadata.py) in two:
-- decodes (query_len 1): the C++ kernel (cpu_decode.cpp) reads K/V in place when loaded; else
-  context-length buckets (SDPA's cost grows with the padded key length), each gathered into a
-  padded [b, L, Hkv, D] tensor for one masked SDPA; GQA free: q [b, Hkv, group, D] vs k [b, Hkv, L, D].
-- prefill chunks: bf16 on AVX-512 BF16 -> one cpu_prefill.cpp call; else one causal SDPA each,
-  offset by the cached context, K/V with a stride-0 group dimension.
-Gathers reuse one grow-only workspace (fresh tensors page-fault). The plan depends only on the
-metadata, so it is built once per step for all layers. Padded keys are masked but still read:
-the pool must hold finite values (it is zero-initialised).
+The plan is built once per step for all layers; padded keys are masked but read, so the pool must hold finite values.
 """
 
 from __future__ import annotations
@@ -35,8 +28,6 @@ class _DecodeBucket:
 
 @dataclass
 class _KernelDecodes:
-    """Every decode of the step for the C++ kernel (cpu_decode.cpp): no buckets, no padding."""
-
     token_idx: torch.Tensor  # int64 [R]
     block_tables: torch.Tensor  # int32 [R, max_blocks], contiguous
     seq_lens: torch.Tensor  # int32 [R]
@@ -44,8 +35,6 @@ class _KernelDecodes:
 
 @dataclass
 class _KernelPrefills:
-    """Every prefill chunk of the step for the C++ kernel (cpu_prefill.cpp)."""
-
     block_tables: torch.Tensor  # int32 [P, max_blocks], contiguous
     seq_lens: torch.Tensor  # int32 [P]
     q_lens: torch.Tensor  # int32 [P]
@@ -65,7 +54,7 @@ class _Prefill:
 class _Plan:
     meta: AttentionMetadata  # held so that its id cannot be reused by a later step's metadata
     block_size: int
-    use_kernel: bool  # built for the C++ decode kernel
+    use_kernel: bool
     decodes: list[_DecodeBucket]
     kernel_decodes: _KernelDecodes | None  # set when the C++ kernel is loaded; then decodes is empty
     use_prefill_kernel: bool
@@ -149,8 +138,7 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
 
 
 def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """What the C++ kernels read: CPU tensors of one dtype, a contiguous pool, query rows
-    [H, D] contiguous (the rows themselves may be strided)."""
+    """C++ kernels need CPU tensors of one dtype, a contiguous pool and contiguous [H, D] query rows."""
     return (query.device.type == "cpu" and query.dtype == kv_cache.dtype
             and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous()
             and query.stride(2) == 1 and query.stride(1) == query.shape[2])
@@ -185,7 +173,7 @@ class TorchPagedBackend:
         # per block one contiguous row of block_size * Hkv * D elements: K at [0], V at [1]
         by_block = kv_cache.view(2, num_blocks, -1)
         ws = self._workspace_for(2 * plan.workspace_rows * by_block.shape[2], kv_cache)
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.kernel_decodes is not None:
             d = plan.kernel_decodes
             kernel.paged_decode_attention(out, query, kv_cache, d.block_tables, d.seq_lens, d.token_idx, scale)
@@ -233,7 +221,7 @@ class TorchPagedBackend:
 
     @staticmethod
     def _gather(by_block: torch.Tensor, block_ids: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-        """[2, n, row] copy of the listed blocks (K and V), written into the workspace."""
+        """[2, n, row] copy of the listed blocks' K and V, in the workspace."""
         shape = (2, block_ids.numel(), by_block.shape[2])
         dst = ws[: shape[0] * shape[1] * shape[2]].view(shape)
         return torch.index_select(by_block, 1, block_ids, out=dst)

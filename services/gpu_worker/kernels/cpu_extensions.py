@@ -1,35 +1,8 @@
-"""The CPU kernels in C++, built on first use; None where they cannot be.
+"""The C++ CPU kernels (SOURCES), built once per machine into torch's extension cache; load() gives None
+where they cannot be built or PAGEDSERVE_CPU_KERNELS=0, and plain torch ops serve instead.
 
-- decode (../attention/cpu_decode.cpp): paged decode attention straight from the block pool,
-  float32 or bfloat16.
-- prefill (../attention/cpu_prefill.cpp): paged causal prefill attention, bfloat16, where the
-  CPU has AVX-512 BF16 (its supported() says so; elsewhere SDPA keeps the prefills).
-- fused (cpu_fused.cpp): RMSNorm, residual add + RMSNorm, SwiGLU and rotary, bf16 or
-  float32, each one pass over memory, rounding as torch's op chains do.
-- gemv (cpu_gemv.cpp): few-row bf16 linears (bf16 weights, GGUF Q4_1 and Q8_0 blocks),
-  AVX-512 BF16.
-- gemv_f32 (cpu_gemv_f32.cpp): few-row float32 linears on GGUF Q4_1 and Q8_0 blocks, AVX2.
-
-Built with torch's cpp_extension (g++ and ninja, both installed with the project) into
-torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), once per
-machine: later processes load the cached build. `pagedserve build-kernels` (scripts/install.sh
-and the Dockerfile run it) builds them all ahead of the first start; a worker that must build
-says so first ("building CPU kernels ..."). A stamp beside each build (source, headers,
-compile line, torch version) tells a cached build from one that must be made. Several processes starting at once take
-turns on an flock, which also clears the lock file torch leaves when a build is killed.
-torch rebuilds when a source or the compile line changes; the headers a source includes
-(HEADERS) are hashed onto its compile line so that editing one rebuilds too.
--march=native: the build is for the machine that runs it (its AVX-512 and AVX2 paths
-compile only where the CPU has them; elsewhere portable loops); a digest of the CPU's
-feature flags is on the compile line, so a cache built on another CPU (an image built
-elsewhere) is rebuilt, not run.
--ffast-math is on the compile line only (so exp loops use glibc's vector expf); the link
-line does not get it, so crtfastmath is not linked and the process keeps IEEE denormals
-(float32 results stay within an ulp of torch's, and greedy output matches HF transformers).
-
-PAGEDSERVE_CPU_KERNELS=0 turns them off (the torch path then runs plain torch ops). A
-build or load failure is logged once and also leaves plain torch in charge, so a machine
-without a compiler still serves, only slower.
+-march=native with the CPU's flag digest on the compile line (a cache from another CPU is rebuilt);
+-ffast-math on compiling only, not linking, so the process keeps IEEE denormals.
 """
 
 from __future__ import annotations
@@ -58,7 +31,7 @@ HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_s
 
 @functools.cache
 def cpu_digest() -> str:
-    """A digest of this CPU's feature flags (what -march=native compiles for)."""
+    """A digest of this CPU's feature flags."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -129,9 +102,7 @@ def load(name: str):
 
         directory = build_dir(name)
         with _exclusive(directory / "pagedserve.flock"):
-            # torch's own lock is a plain file that a process killed mid-build leaves behind,
-            # and every later load would wait on it for ever. Holding our flock (the kernel
-            # drops it with its holder), no live process of ours is building: clear it.
+            # torch's plain lock file survives a killed build; under our flock nobody is building
             (directory / "lock").unlink(missing_ok=True)
             built, start = is_built(name), time.monotonic()
             if not built:

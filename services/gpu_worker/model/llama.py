@@ -1,10 +1,5 @@
-"""Llama decoder over a flattened ragged batch with a paged KV cache.
-
-The step's tokens are one sequence of T tokens (no batch dim, no padding); AttentionMetadata
-maps tokens to requests. The backend writes K/V into the per-layer cache
-[2, num_blocks, block_size, num_kv_heads, head_dim] and reads the context back.
-Projections are fused (qkv, gate_up); parameters are uninitialized until loaded.
-"""
+"""Llama decoder over one flat ragged sequence of T tokens (AttentionMetadata maps them to requests)
+with a paged KV cache; fused qkv/gate_up projections, uninitialized until loaded."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ class RMSNorm(torch.nn.Module):
         self.weight = _param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the plain-ops path; the fused path calls cpu_fused's rms_norm/add_rms_norm itself
-        # statistics in float32 whatever the dtype, weight applied after casting back (as HF)
+        # plain-ops path: statistics in float32, weight applied after casting back (as HF)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -70,8 +64,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         return h + self.down(F.silu(gate) * up)
 
     def forward_fused(self, x, residual, positions, rotary, kv_cache, meta, backend):
-        """The layer on the fused kernels: input x + residual (None: x), returns (mlp_out, residual)
-        whose sum is the output, so each residual add happens inside the next add_rms_norm."""
+        """Returns (mlp_out, residual) whose sum is the output: the add happens in the next add_rms_norm."""
         normed = torch.empty_like(x)
         if residual is None:
             residual = x
@@ -120,11 +113,10 @@ class LlamaForCausalLM(torch.nn.Module):
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         )
-        self.prepare(optimized=False)  # the parameters are not loaded yet
+        self.prepare(optimized=False)
 
     def prepare(self, optimized: bool = True) -> None:
-        """Pack every projection and take the fused CPU kernels; call again after changing or moving
-        parameters (a packed weight is a copy). optimized=False: plain torch ops throughout."""
+        """Pack projections, take fused kernels; call again after changing parameters (packs are copies)."""
         on_cpu = self.embed_tokens.device.type == "cpu"
         fusable = on_cpu and self.dtype in (torch.bfloat16, torch.float32)
         fused = cpu_extensions.load("fused") if optimized and fusable else None
@@ -137,7 +129,6 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.prepare(fused, optimized, self._layer_blocks(gguf, i))
 
     def attach_gguf_blocks(self, blocks: dict[str, tuple[torch.Tensor, ...]]) -> None:
-        """Keep the GGUF's Q4_1/Q8_0 blocks by canonical name for the few-row kernels (see prepare)."""
         self.gguf_blocks = blocks
 
     @staticmethod
@@ -155,7 +146,7 @@ class LlamaForCausalLM(torch.nn.Module):
         return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int, dtype=None, device=None) -> list[torch.Tensor]:
-        """One zeroed cache tensor per layer (dtype defaults to the model's)."""
+        """Zeroed per-layer caches."""
         shape = self.kv_cache_shape(num_blocks, block_size)
         return [
             torch.zeros(shape, dtype=dtype or self.dtype, device=device or self.embed_tokens.device)
@@ -194,8 +185,7 @@ class LlamaForCausalLM(torch.nn.Module):
 
     @torch.no_grad()
     def load_state_dict_canonical(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy an HF-named state dict into the fused parameters; exactly the expected names
-        (a tied model ignores `lm_head.weight`)."""
+        """Copy an HF-named state dict (exactly the expected names) into the fused parameters."""
         names = set(state)
         if self.lm_head is None:
             names.discard("lm_head.weight")
@@ -223,7 +213,6 @@ class LlamaForCausalLM(torch.nn.Module):
 
 
 def canonical_names(config: ModelConfig) -> list[str]:
-    """Every parameter name of the canonical (HF llama) state dict for this config."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
