@@ -1,35 +1,8 @@
-"""Placement: which worker a request runs on. Pure (no Redis): the loop feeds it.
+"""Placement (no Redis): the worker a request is queued on, chosen once, as Dynamo's KV router does:
+cost(w) = prefill_weight * new(w) + decode_weight * (load(w) + new(w)), new(w) = blocks not cached on w.
 
-Decided once per request, when it enters a worker's queue (on arrival, or when its worker
-died), as NVIDIA Dynamo's KV router does:
-
-    cost(w) = prefill_weight * new(w) + decode_weight * (load(w) + new(w))
-
-new(w): the request's prompt blocks not cached on w (the prefill it costs there, and the
-blocks it adds to w's pool: its cached ones are held there already).
-
-load(w): the blocks w's running requests hold (as its pool reports them: a prefix shared
-by many counts once) plus the new blocks of the requests placed there and not admitted yet
-(what they did not find cached when placed); counting those spreads a burst that arrives
-between two steps. load + new is w's decode load once the request runs there: Dynamo's
-"potential active blocks", which is why a worker holding the prefix is not charged for it.
-The lowest cost wins; ties go to the lower load, then round robin. `round-robin` ignores
-cost (to measure what prefix routing buys).
-
-Which blocks each worker has cached comes from the kvstore's KV events (AllocReply:
-blocks_stored / blocks_removed / all_blocks_cleared), indexed here per worker. A block's
-key is the first KEY_BYTES of its chained prefix hash (services/kvstore/block_hash.py:
-hash(parent hash, tokens)), so a key stands for the whole prefix up to that block: a
-request's overlap with a worker is how many of its leading block keys that worker holds,
-the same answer a radix tree over the blocks gives (Dynamo's indexer), with one dict
-lookup per block for all workers at once. The index may lag the pools by a step: a
-placement on a stale view costs a recompute, never a wrong answer.
-
-Events come only once a request is admitted; requests of one prefix that arrive together
-would all see it uncached. So a placement also records the request's block keys as
-predicted on its worker (Dynamo's approximate indexer does the same from its routing
-decisions) for PREDICTED_TTL_S, or until that worker's events say otherwise: a stored
-event makes the key real, a removed or cleared one drops it.
+A block key is a chained prefix hash, so a worker's overlap is how many leading keys it holds; a stale
+index costs a recompute, never a wrong answer. Placed keys count as predicted until events or a TTL.
 """
 
 from __future__ import annotations
@@ -43,7 +16,7 @@ from services.kvstore.block_hash import hash_full_blocks, root_hash
 from shared.messages import KEY_BYTES
 
 ROUTERS = ("prefix", "round-robin")
-PREDICTED_TTL_S = 30.0  # a placed request's blocks count as cached there this long without an event
+PREDICTED_TTL_S = 30.0
 PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired ones
 
 
@@ -67,8 +40,7 @@ class PrefixIndex:
         self._num_predicted = 0
 
     def apply(self, worker_id: str, stored: bytes = b"", removed: bytes = b"", cleared: bool = False) -> None:
-        """One reply's events: cleared first, then stored, then removed (a net diff: no key
-        is in both)."""
+        """One reply's events: cleared, then stored, then removed (a net diff: no key is in both)."""
         if cleared:
             self.drop(worker_id)
         keys = self._keys_of.setdefault(worker_id, set())
@@ -86,7 +58,6 @@ class PrefixIndex:
                     del self._workers_of[key]
 
     def drop(self, worker_id: str) -> None:
-        """Forget every block of a worker, predicted ones too (left, or its pool was reset)."""
         for key in self._keys_of.pop(worker_id, ()):
             holders = self._workers_of[key]
             holders.discard(worker_id)
@@ -96,8 +67,6 @@ class PrefixIndex:
             self._unpredict(key, worker_id)
 
     def predict(self, worker_id: str, keys: Sequence[bytes], now: float | None = None) -> None:
-        """A request with these block keys was placed on worker_id: count them as cached
-        there for PREDICTED_TTL_S unless an event comes first."""
         now = time.monotonic() if now is None else now
         for key in keys:
             self._predicted.setdefault(key, {})[worker_id] = now + PREDICTED_TTL_S
@@ -117,8 +86,7 @@ class PrefixIndex:
         return len(self._keys_of.get(worker_id, ()))
 
     def overlaps(self, keys: Sequence[bytes], worker_ids: Sequence[str], now: float | None = None) -> dict[str, int]:
-        """Per worker, how many of the leading keys it holds or is predicted to hold (its
-        cached prefix, in blocks)."""
+        """Per worker, its cached prefix in blocks (held or predicted leading keys)."""
         now = time.monotonic() if now is None else now
         overlap = dict.fromkeys(worker_ids, 0)
         alive = set(worker_ids)
@@ -149,7 +117,6 @@ class Router:
         self._turn = itertools.count()
 
     def costs(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> dict[str, float]:
-        """Each candidate's cost for a request of num_blocks blocks whose full blocks are keys."""
         return self._costs(num_blocks, self.index.overlaps(keys, [c.worker_id for c in candidates]), candidates)
 
     def _costs(self, num_blocks: int, overlaps: dict[str, int], candidates: Sequence[Candidate]) -> dict[str, float]:
@@ -158,7 +125,6 @@ class Router:
                 + self.decode_weight * (c.load_blocks + new[c.worker_id]) for c in candidates}
 
     def place(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> str:
-        """The chosen worker's id (candidates: at least one, any order)."""
         return self.choose(keys, num_blocks, candidates)[0]
 
     def choose(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> tuple[str, int]:
