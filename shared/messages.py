@@ -1,8 +1,6 @@
-"""Typed messages that cross between the services, defined once.
+"""Typed messages between the services, one per step per hop, packed by `shared.codec` with `VERSION`.
 
-One message per step per hop (in-process passed as objects, else packed by `shared.codec`),
-each carrying `VERSION` on the wire. Diffs, not state: a request's tokens reach the worker once
-(NewRequestData), then only counts and new block ids (CachedRequestData).
+Diffs, not state: a request's tokens reach the worker once (NewRequestData), then only counts and new block ids.
 """
 
 from __future__ import annotations
@@ -30,19 +28,13 @@ class SamplingParams:
     n: int = 1
 
 
-# ---- scheduler <-> kvstore -------------------------------------------------------------
-
 
 @dataclass
 class AllocCandidate:
-    """One request that wants to run this step, in the policy's order (most important first).
-
-    num_new_tokens: tokens to compute this step (a waiting request's counted as if nothing cached).
-    num_tokens: all known tokens; a waiting request is admitted only if all fit (plus a watermark).
-    token_ids: a waiting request's known tokens, or a running one's new tokens from
-        token_ids_start (-1: this step's slots), hashed by the kvstore as blocks fill.
-    cache_salt: keys the prefix hash; requests with different salts never share a block.
-    """
+    """A request that wants this step, in policy order. num_new_tokens: to compute now (nothing
+    cached assumed); num_tokens: all known, which must fit (plus a watermark) to admit; token_ids: a
+    waiting request's tokens, or new ones from token_ids_start (-1: this step's slots), hashed as
+    blocks fill; cache_salt keys the prefix hash, so different salts never share a block."""
 
     request_id: str
     num_new_tokens: int
@@ -90,9 +82,8 @@ class AllocResult:
 
 @dataclass
 class AllocReply:
-    """kvstore -> scheduler, one per step: results in the candidates' order, plus this pool's
-    KV events since the last reply (blocks_* concatenate KEY_BYTES-byte hash prefixes;
-    all_blocks_cleared applies first)."""
+    """kvstore -> scheduler, per step: results in candidate order, plus KV events since the last
+    reply (blocks_*: concatenated KEY_BYTES hash prefixes; all_blocks_cleared applies first)."""
 
     step_id: int
     results: list[AllocResult] = field(default_factory=list)
@@ -107,8 +98,6 @@ class AllocReply:
 
 KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix hash
 
-
-# ---- scheduler -> worker ---------------------------------------------------------------
 
 
 @dataclass
@@ -152,8 +141,6 @@ class StepPlan:
         )
 
 
-# ---- worker -> scheduler ---------------------------------------------------------------
-
 
 @dataclass
 class SampledToken:
@@ -171,8 +158,6 @@ class StepResult:
     sampled: list[SampledToken] = field(default_factory=list)
     worker_id: str = ""  # who ran it: the results stream is shared by every worker
 
-
-# ---- scheduler -> api ------------------------------------------------------------------
 
 
 @dataclass
@@ -193,8 +178,6 @@ class DeltaBatch:
     step_id: int
     deltas: list[RequestDelta] = field(default_factory=list)
 
-
-# ---- api -> scheduler ------------------------------------------------------------------
 
 
 @dataclass

@@ -1,13 +1,6 @@
-"""Admission control at the edge: per-request limits (400 naming the limit) and the
-bounded waiting queue (429 with Retry-After), both decided before any stream opens.
-
-The queue's state and the policy's per-tenant answers come from the scheduler's stats
-blob ("admission", see services.scheduler.admission), refreshed by the api loop every
-REFRESH_S. Requests this api admitted since the last refresh are counted against the
-request bound too, for a tenant that sent any of them: a burst into one api overshoots the
-bound by at most one request per other tenant and refresh (and by what other apis admit
-in one refresh). The token bound is enforced from the table alone. With no table yet (no scheduler seen) everything is admitted:
-the request then waits in the requests stream, as before admission control existed.
+"""Admission at the edge, before any stream opens: per-request limits (400) and the bounded
+waiting queue (429 + Retry-After) from the scheduler's "admission" stats blob, read every
+REFRESH_S. With no table yet everything is admitted.
 """
 
 from __future__ import annotations
@@ -87,8 +80,6 @@ class AdmissionGate:
                 admits = bool(entry[1])
         bound = table.get("max_waiting_requests")
         if admits and isinstance(bound, int) and self._admitted_since[tenant] > 0:
-            # what this api let in since the table was written counts against the bound;
-            # only for a tenant that itself sent since then, so one tenant's burst into
-            # this api cannot lock another out before the policy has seen it
+            # admits since the table count too, only for a tenant that sent some (no lock-out of others)
             admits = int(table.get("num_waiting", 0)) + sum(self._admitted_since.values()) < bound
         return admits

@@ -1,11 +1,7 @@
-"""The api's one request type: the n choices of a request (`n` >= 1), one Generation per
-sequence, one submission, one record in Redis (services/api/records.py).
+"""The api's request type: n >= 1 choices, one Generation per sequence, one submission, one record.
 
-For n > 1 the scheduler prefills the prompt once and forks it (shared/parallel_sampling.py:
-sequence i is f"{request_id}.{i}", seeded seed + i); each sequence streams, stops (stop
-strings included) and is aborted on its own, as its own Generation. For n == 1 the one
-Generation is the request itself, exactly as before. Whoever drives Choices must close()
-it (try/finally): every sequence not finished by then is aborted.
+Sequence i of n > 1 is f"{request_id}.{i}" and ends on its own. Whoever drives Choices
+must close() it (try/finally): every sequence not finished by then is aborted.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class Choices:
 
     @classmethod
     def adopted(cls, state: ApiState, request_id: str, meta: dict, submit: SubmitRequest) -> Choices:
-        """A request another run of this api submitted, rebuilt from its record (nobody
-        listens here: its clients follow the record)."""
+        """A request an earlier run of this api submitted, rebuilt from its record (nobody listens)."""
         prepared = Prepared(kind=meta["kind"], model=meta["model"], prompt_token_ids=list(submit.prompt_token_ids),
                             sampling=submit.sampling, stop=list(meta["stop"]), priority=submit.priority,
                             tenant=submit.tenant, cache_salt=submit.cache_salt)
@@ -70,9 +65,7 @@ class Choices:
         return self.gens[0].why
 
     async def start(self) -> None:
-        """Write its record and submit it, once; nothing is submitted when it raises:
-        ApiError(400) past a per-request limit, ApiError(429) when the waiting queue is closed
-        to this tenant, ApiError(503) when Redis cannot take it."""
+        """Record and submit it once; raising (ApiError 400, 429 or 503) means nothing was submitted."""
         self.gens[0].check_admission()
         try:
             await self._loop.submit(self)
@@ -83,8 +76,7 @@ class Choices:
                  len(p.prompt_token_ids), p.sampling.max_tokens, len(self.gens))
 
     async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
-        """(index, output) of every sequence as they come, until all are finished. The
-        caller runs edge.close_on_disconnect beside it: a client gone ends them all."""
+        """(index, output) of every sequence until all finish; run edge.close_on_disconnect beside it."""
         if len(self.gens) == 1:  # one layer less per token
             gen = self.gens[0]
             while (out := await gen.next()) is not None:

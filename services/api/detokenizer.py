@@ -1,16 +1,7 @@
 """Incremental detokenization and stop strings: token ids in, safe text chunks out.
 
-Two rules hold for every chunk handed to a client:
-- a UTF-8 character is never split: text is only released once the decoded tail no longer
-  ends in U+FFFD (a byte-level token sequence cut inside a multi-byte character);
-- a stop string is never emitted, not even its first characters: text that could be the
-  start of a stop string is held back until the next tokens prove it is not, so a stop
-  string spread over several tokens (and over several steps) is cut exactly, and nothing
-  after it ever leaves.
-
-Decoding follows vLLM's prefix/read offsets: each step decodes a short window of recent
-tokens (with a few prompt tokens as left context, for tokenizers that drop a leading space)
-and releases the difference, so a step costs O(window), not O(output).
+A chunk never splits a UTF-8 character (no trailing U+FFFD) and never holds any part of a
+stop string (a possible prefix is held back). vLLM-style prefix/read offsets: O(window) per step.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """One sequence's life in the api that writes its record: deltas in, safe text out.
 
-The loop applies each RequestDelta (apply()) as its DeltaBatch arrives, writes the Output
-to the request's record and, when a handler listens here, puts it on `outputs`: new text
-(never a split character, never any part of a stop string), the new token ids and
-logprobs, and at the end a finish reason. A delta that repeats tokens already applied
-(a resend after a Redis error) is trimmed by its offset. When a stop string matches, the
-request is aborted at the scheduler and ends with finish_reason "stop". Whoever listens
-must `close()` it (try/finally): a sequence not finished by then is aborted, so a client
-that goes away never leaves blocks behind.
+A repeated delta is trimmed by its offset. Whoever listens must `close()` it (try/finally):
+a sequence not finished by then is aborted, so a departed client never leaves blocks behind.
 """
 
 from __future__ import annotations
@@ -91,8 +85,7 @@ class Generation:
         return usage
 
     def check_admission(self) -> None:
-        """ApiError(400) past a per-request limit, ApiError(429) when the waiting queue is
-        closed to this tenant."""
+        """ApiError(400) past a per-request limit, 429 when the queue is closed to this tenant."""
         p = self.prepared
         admission = self.loop.admission
         check_limits(admission.limits, len(p.prompt_token_ids), p.sampling.max_tokens,
@@ -122,7 +115,7 @@ class Generation:
         return out
 
     def abort(self, reason: str = "abort") -> None:
-        """End it now (client gone, DELETE): abort at the scheduler, record finish 'abort'."""
+        """End it now: abort at the scheduler, record finish 'abort'."""
         if self.finished:
             return
         self.loop.end(self, "abort", reason)

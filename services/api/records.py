@@ -1,15 +1,8 @@
-"""Request records in Redis: what lets any api replica answer for any request.
+"""Request records in Redis, so any api replica can answer for any request.
 
-Per request R (both keys expire record_ttl_s after the last write):
-  {prefix}:req:R      hash: "meta" (JSON: kind, model, created, n, logprobs, stop, api_id,
-                      include flags) and "submit" (the packed SubmitRequest, for adoption)
-  {prefix}:req:R:ev   stream of events with ids 0-<seq>, seq = 1, 2, ...: the resume cursor
-An event (JSON) concerns one choice: {"index", "text", "token_ids", "text_offset",
-"token_offset"} and, on its last, "finish_reason", "usage" and, for an error, "error".
-Offsets say where an event starts in its choice, so a reader drops what it already has
-(a snapshot rewritten after a Redis restart starts at offset 0). The writer is the api the
-scheduler sends the request's deltas to; it appends the events of a DeltaBatch in one
-pipeline. Status, text and usage are derived from the events (snapshot()).
+{prefix}:req:R is a hash ("meta" JSON, "submit" packed SubmitRequest); {prefix}:req:R:ev a stream
+of JSON events of one choice each, ids 0-<seq> (the resume cursor), both expiring record_ttl_s
+after the last write. text_offset/token_offset let a reader drop what it already has.
 """
 
 from __future__ import annotations
@@ -105,8 +98,7 @@ class RecordStore:
         pipe.expire(key, self.ttl_s)
 
     def append(self, pipe, request_id: str, seq: int, event: dict, final: bool, expire: bool = False) -> None:
-        """Queue one event on `pipe`; the TTL is set again on the first, every TTL_EVERY-th
-        and the last event (or when asked), not on each: one command per event, not two."""
+        """Queue one event on `pipe`; the TTL is refreshed on the first, every TTL_EVERY-th and the last."""
         key = events_key(self.keys, request_id)
         pipe.xadd(key, {EVENT: json.dumps(event, ensure_ascii=False)}, id=event_id(seq))
         if expire or final or seq % TTL_EVERY == 1:
@@ -143,10 +135,8 @@ class RecordStore:
 
 
     async def follow(self, request_id: str, cursor: int = 0) -> AsyncIterator[tuple[int, dict]]:
-        """(seq, event) of a request's record after `cursor`, from any replica, until every
-        choice has finished; KeyError if there is no such record. A record whose writer is
-        gone (no heartbeat for WRITER_GONE_S) or that vanished ends each open choice with
-        finish_reason "error" and the reason."""
+        """(seq, event) after `cursor` until every choice finished; KeyError: no record. A writer
+        gone WRITER_GONE_S or a vanished record ends each open choice with finish_reason "error"."""
         loaded = await self.load(request_id)
         if loaded is None:
             raise KeyError(request_id)

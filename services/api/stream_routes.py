@@ -1,13 +1,7 @@
 """REST submission (/v1/requests) and WebSocket streaming (/v1/stream, .../stream).
 
-Stream protocol (WebSocket, and SSE for the attach route): the client sends one JSON
-object (a completions or chat body); the server sends {"type": "delta", "index", "text",
-"token_ids"} messages, and for each choice (`n` of them, index 0..n-1) one {"type":
-"final", "index", "finish_reason", "usage"} (usage: the prompt and that choice's tokens),
-then closes after the last final; or {"type": "error", "status": 4xx, "message"} and
-closes. A client that closes the socket aborts its request (every choice); one that sends
-{"type": "abort"} too. Attaching to a REST request (`/v1/requests/{id}/stream`) replays
-what it has so far, then streams; leaving does not abort it (DELETE does).
+Server messages: "delta" (index, text, token_ids), one "final" per choice, or "error" then close.
+Closing a /v1/stream socket aborts the request; leaving an attached stream does not (DELETE does).
 """
 
 from __future__ import annotations
@@ -57,7 +51,6 @@ def stream_messages(choices: Choices, index: int, out: Output) -> list[dict]:
     return msgs + ([final_message(choices, index, out)] if out.finish_reason is not None else [])
 
 
-# ---- REST ------------------------------------------------------------------------------
 
 DELETE_WAIT_S = 5.0  # how long DELETE waits for the abort to reach the record
 
@@ -120,8 +113,7 @@ async def delete_request(request_id: str, request: Request) -> dict:
 
 @router.get("/v1/requests/{request_id}/stream")
 async def follow_sse(request_id: str, request: Request) -> StreamingResponse:
-    """SSE of a request's record, from any replica; each event's `id` is its seq, so a client
-    resumes with `Last-Event-ID` (or ?cursor=) without gaps or duplicates."""
+    """SSE of a record; each event's `id` is its seq, so `Last-Event-ID` resumes without gaps."""
     cursor = _cursor(request.query_params.get("cursor") or request.headers.get("last-event-id"))
     records = state_of(request).loop.records
     if await records.load(request_id) is None:
@@ -130,15 +122,13 @@ async def follow_sse(request_id: str, request: Request) -> StreamingResponse:
     async def sse():
         async for seq, event in records.follow(request_id, cursor):
             msgs = record_message(request_id, seq, event)
-            for i, msg in enumerate(msgs):  # the id on the event's last message only: a client
-                # cut off between a delta and its final resumes before that event, not after
+            for i, msg in enumerate(msgs):  # id on the last message only: a cut-off client resumes before it
                 event_id = f"id: {seq}\n" if i == len(msgs) - 1 else ""
                 yield f"{event_id}data: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
 
     return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-# ---- WebSocket -------------------------------------------------------------------------
 
 @router.websocket("/v1/requests/{request_id}/stream")
 async def follow_ws(websocket: WebSocket, request_id: str) -> None:
