@@ -28,7 +28,6 @@ class SamplingParams:
     n: int = 1
 
 
-
 @dataclass
 class AllocCandidate:
     """A request that wants this step, in policy order. num_new_tokens: to compute now (nothing
@@ -99,7 +98,6 @@ class AllocReply:
 KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix hash
 
 
-
 @dataclass
 class NewRequestData:
     """First time the worker sees a request (new or resumed): all known tokens, the whole block
@@ -141,7 +139,6 @@ class StepPlan:
         )
 
 
-
 @dataclass
 class SampledToken:
     request_id: str
@@ -157,7 +154,6 @@ class StepResult:
     step_id: int
     sampled: list[SampledToken] = field(default_factory=list)
     worker_id: str = ""  # who ran it: the results stream is shared by every worker
-
 
 
 @dataclass
@@ -177,7 +173,6 @@ class DeltaBatch:
 
     step_id: int
     deltas: list[RequestDelta] = field(default_factory=list)
-
 
 
 @dataclass

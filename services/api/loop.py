@@ -108,7 +108,6 @@ class ApiLoop(ControlCommands):
         await self.redis.aclose()
         log.info("api %s stopped", self.api_id)
 
-
     async def submit(self, choices: Choices) -> None:
         """Record and submit in one pipeline; RedisUnavailable (nothing submitted) after submit_timeout_s."""
         group = choices.group_submit()
@@ -183,7 +182,6 @@ class ApiLoop(ControlCommands):
         if choices is not None and all(g.finished for g in choices.gens):
             del self._requests[gen.record_id]
 
-
     async def read_stats(self, names: tuple[str, ...] = ("scheduler", "kvstore")) -> dict[str, dict]:
         """{name: blob} for the names given; a blob missing or unreadable is {}."""
         out: dict[str, dict] = {}
@@ -209,7 +207,6 @@ class ApiLoop(ControlCommands):
             return ["redis"]
         missing = [name for name, ok in zip(("scheduler", "kvstore"), present, strict=True) if not ok]
         return missing + ([] if workers else ["worker"])
-
 
     async def _read_deltas(self) -> None:
         backoff, pending = Backoff(), True  # first what an earlier run read and did not acknowledge
@@ -310,7 +307,6 @@ class ApiLoop(ControlCommands):
             log.info("adopted request %s from its record (%d events)", record_id, choices.seq)
         return self._live.get(sequence_id)
 
-
     async def _refresh_admission(self) -> None:
         while True:
             try:
@@ -360,7 +356,6 @@ class ApiLoop(ControlCommands):
             if gen.request_id in self._live:
                 await self._retry(lambda m=msg: redis_io.send(self.redis, self.keys.requests, m),
                                   f"resubmit {msg.request_id}", 60.0)
-
 
     async def _retry(self, op, what: str, budget_s: float):
         delay, deadline = 0.05, time.monotonic() + budget_s

@@ -51,7 +51,6 @@ def stream_messages(choices: Choices, index: int, out: Output) -> list[dict]:
     return msgs + ([final_message(choices, index, out)] if out.finish_reason is not None else [])
 
 
-
 DELETE_WAIT_S = 5.0  # how long DELETE waits for the abort to reach the record
 
 
@@ -127,7 +126,6 @@ async def follow_sse(request_id: str, request: Request) -> StreamingResponse:
                 yield f"{event_id}data: {json.dumps(msg, ensure_ascii=False)}\n\n".encode()
 
     return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
 
 
 @router.websocket("/v1/requests/{request_id}/stream")
