@@ -21,7 +21,6 @@ PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired one
 
 
 def block_keys(token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "") -> list[bytes]:
-    """The KV-event keys of every full block of token_ids, as the kvstore hashes them."""
     root = root_hash((model, cache_salt))
     return [h[:KEY_BYTES] for h in hash_full_blocks(token_ids, block_size, root)]
 

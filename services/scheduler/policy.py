@@ -1,12 +1,6 @@
-"""The scheduling policy: orders requests and answers questions; never mutates them.
+"""The scheduling policy: orders requests, never mutates them or keeps references; returns new lists.
 
-Plugins of the entry-point group `pagedserve.policies` (policies/registry.py), built as
-`cls(**options)`; an unknown option raises PolicyError naming it. Asked once per step:
-- order_waiting: admission order; order_running: budget order, preempted from the tail;
-- may_displace(candidate, victim = tail of order_running): must be asymmetric, or two
-  requests would trade places every step;
-- admits(tenant, queue): may one more request of this tenant wait (admission.py).
-Returns new lists (left-out requests are not scheduled this step); keeps no request references.
+may_displace must be asymmetric, or two requests would trade places every step.
 """
 
 from __future__ import annotations
@@ -23,16 +17,12 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class TenantQueue:
-    """What one tenant has in the waiting queue."""
-
     num_waiting: int = 0
     num_waiting_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class QueueStats:
-    """The waiting queue against its bounds (None: unbounded)."""
-
     num_waiting: int
     num_waiting_tokens: int
     max_waiting_requests: int | None = None
@@ -62,15 +52,12 @@ class SchedulingPolicy(abc.ABC):
         """Running requests, the last to preempt first."""
 
     def may_displace(self, candidate: Request, victim: Request, running: list[Request]) -> bool:
-        """Whether waiting `candidate` may preempt running `victim` to take its place."""
         return False
 
     def admits(self, tenant: TenantQueue, queue: QueueStats) -> bool:
-        """Whether one more request of a tenant with `tenant` waiting may join the queue."""
         return not queue.is_full
 
     def describe(self) -> dict:
-        """Name and options, for stats and the admin route."""
         return {"name": self.name, "options": {}}
 
 
@@ -90,12 +77,10 @@ class KeyedPolicy(SchedulingPolicy):
 
 
 def arrival_key(request: Request) -> tuple[float, int]:
-    """Earliest arrival first; arrival_seq breaks ties between equal arrival times."""
     return (request.arrival_time, request.arrival_seq)
 
 
 def take_options(policy: str, options: dict, defaults: dict[str, float]) -> dict[str, float]:
-    """Numeric options of a policy: unknown names and non-numbers raise PolicyError naming them."""
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise PolicyError(f"policy {policy!r} takes no option {unknown[0]!r} (options: {sorted(defaults)})")
@@ -108,7 +93,7 @@ def take_options(policy: str, options: dict, defaults: dict[str, float]) -> dict
 
 
 def __getattr__(name: str):
-    # lazy re-export of policies/fcfs.py's FCFSPolicy, avoiding an import cycle
+    # lazy re-export, avoiding an import cycle
     if name == "FCFSPolicy":
         from services.scheduler.policies.fcfs import FCFSPolicy
 

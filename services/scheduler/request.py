@@ -1,11 +1,7 @@
-"""One generation request as the scheduler sees it: token counters and a status.
+"""One request as the scheduler sees it: token counters and a status, no phases.
 
-Counters, not phases: `num_tokens` (prompt + generated) and `num_computed_tokens` (KV in the
-pool, including steps in flight, so async scheduling never computes a token twice). Prefill
-while num_computed_tokens < num_tokens - 1, decode at num_tokens - 1. Tokens sampled by steps
-in flight are num_pending_tokens, not in num_tokens. Invariant, RUNNING with nothing in flight:
-0 <= num_computed_tokens < num_tokens_to_compute. A fork parent (fork.py) stops before its last
-prompt token and never samples. Plain data only (no back-references): freed by refcounting.
+num_computed_tokens counts steps in flight too; their sampled tokens are num_pending_tokens, not in
+num_tokens. RUNNING with nothing in flight: 0 <= num_computed_tokens < num_tokens_to_compute.
 """
 
 from __future__ import annotations
@@ -17,12 +13,12 @@ from shared.messages import SampledToken, SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # never admitted yet
-    RUNNING = "running"  # holds blocks in the kvstore; prefill or decode
+    WAITING = "waiting"
+    RUNNING = "running"
     PREEMPTED = "preempted"  # back in waiting, holds nothing, recomputes from scratch
-    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
-    FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len
-    FINISHED_ABORTED = "finished_aborted"  # client went away / cancelled
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
     FORKED = "forked"  # a fork parent whose prefill is done: its n children carry on
 
     @property
@@ -48,24 +44,18 @@ class Request:
     sampling: SamplingParams
     eos_token_ids: list[int]
     arrival_time: float
-    priority: int = 0  # read by policies (priority: higher first); FCFS ignores it
-    tenant: str | None = None  # read by policies (fair); from the api key or the request
-    cache_salt: str = ""  # keys its prefix-cache hashes (the kvstore shares blocks only within one salt)
+    priority: int = 0
+    tenant: str | None = None
+    cache_salt: str = ""  # the kvstore shares blocks only within one salt
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    # prefix-cache hit at the first admission (a resume after preemption does not change it)
-    num_cached_tokens: int = field(default=0, init=False)
+    num_cached_tokens: int = field(default=0, init=False)  # prefix-cache hit at the first admission
     num_preemptions: int = field(default=0, init=False)
-    # tie-breaker for equal arrival_time, set by the scheduler when the request is added
     arrival_seq: int = field(default=0, init=False)
-    # a fork child not granted a step yet: its first plan sends the worker everything
-    is_fresh_fork: bool = field(default=False, init=False)
-    # tokens sampled by steps in flight whose ids the scheduler has not seen yet
+    is_fresh_fork: bool = field(default=False, init=False)  # a fork child not granted a step yet
     num_pending_tokens: int = field(default=0, init=False)
-    # prompt + output tokens the kvstore has been told (it hashes blocks as they fill)
-    num_kv_known_tokens: int = field(default=0, init=False)
-    # output tokens the api has been sent; the scheduler's stream_interval holds the rest a while
+    num_kv_known_tokens: int = field(default=0, init=False)  # prompt + output tokens the kvstore was told
     num_streamed_tokens: int = field(default=0, init=False)
     unstreamed_logprobs: list[SampledToken] = field(default_factory=list, init=False)
 
@@ -99,7 +89,6 @@ class Request:
         return self.num_tokens_to_compute - self.num_computed_tokens
 
     def token_ids_between(self, start: int, stop: int) -> list[int]:
-        """Tokens at positions [start, stop) of prompt + output, without building the whole list."""
         num_prompt = len(self.prompt_token_ids)
         if start >= num_prompt:
             return self.output_token_ids[start - num_prompt:stop - num_prompt]
@@ -107,7 +96,6 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
-        """A new list (prompt + output): safe to hand to a message that someone mutates."""
         return self.prompt_token_ids + self.output_token_ids
 
     @property
@@ -119,7 +107,6 @@ class Request:
         return self.status.finish_reason
 
     def check_fresh(self, max_model_len: int) -> None:
-        """ValueError unless this is a fresh WAITING request a scheduler may add."""
         if self.status is not RequestStatus.WAITING or self.num_computed_tokens:
             raise ValueError("only a fresh WAITING request can be added")
         if not 0 < self.num_tokens < max_model_len:
@@ -129,19 +116,16 @@ class Request:
         if self.is_fork_parent and self.output_token_ids:
             raise ValueError("n > 1 only for a fresh prompt: a resubmission is one sequence each")
 
-    # ---- transitions (the scheduler moves the request between its queues) ------------
-
     def admit(self, num_cached_tokens: int) -> None:
         """WAITING/PREEMPTED -> RUNNING after its prefix-cache hit; the last token is always computed."""
         self.num_computed_tokens = min(num_cached_tokens, self.num_tokens - 1)
-        self.num_kv_known_tokens = self.num_tokens_to_compute  # a waiting candidate sends them all
+        self.num_kv_known_tokens = self.num_tokens_to_compute
         if self.status is RequestStatus.WAITING:
             self.num_cached_tokens = self.num_computed_tokens
         self.status = RequestStatus.RUNNING
 
     def preempt(self) -> None:
-        """RUNNING -> PREEMPTED: its blocks are gone; it recomputes prompt + output later.
-        A step in flight still delivers its pending token (num_pending_tokens stays)."""
+        """RUNNING -> PREEMPTED: it recomputes later; a step in flight still delivers its pending token."""
         self.status = RequestStatus.PREEMPTED
         self.num_computed_tokens = 0
         self.num_kv_known_tokens = 0
@@ -149,8 +133,7 @@ class Request:
         self.is_fresh_fork = False
 
     def stop_status(self, max_model_len: int) -> RequestStatus | None:
-        """The finished status after the last sampled token, or None: EOS (unless ignore_eos), stop
-        token, max_tokens, max_model_len, in that order; the stopping token stays in the output."""
+        """The finished status after the last sampled token, or None; the stopping token stays in the output."""
         if not self.output_token_ids:
             return None
         last_token_id = self.output_token_ids[-1]
