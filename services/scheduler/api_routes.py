@@ -1,9 +1,5 @@
-"""Which api process each live request belongs to, and the deltas waiting for each api.
-
-Pure bookkeeping for the scheduler's loop (no Redis). A submission is taken once: a
-duplicate of a live or recently finished id is dropped (an api resubmitting to a restarted
-scheduler what also still waited in the requests stream). Deltas are grouped per api, so
-each api gets one DeltaBatch per step; a finished request is forgotten.
+"""Which api each live request belongs to, and the deltas queued per api (no Redis).
+A duplicate submission of a live or recently finished id is dropped.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from collections import OrderedDict, defaultdict
 from services.scheduler.request import Request
 from shared.messages import RequestDelta, SubmitRequest
 
-REMEMBER_FINISHED = 10_000  # finished ids kept to drop a late duplicate submission
+REMEMBER_FINISHED = 10_000
 
 
 class ApiRoutes:
@@ -30,7 +26,6 @@ class ApiRoutes:
         self._api_of[request_id] = api_id
 
     def api_ids(self) -> list[str]:
-        """The apis with live requests."""
         return sorted(set(self._api_of.values()))
 
     def requests_of(self, api_id: str) -> list[str]:
@@ -48,12 +43,11 @@ class ApiRoutes:
             self._outbox[api_id].append(delta)
 
     def take(self) -> dict[str, list[RequestDelta]]:
-        """The queued deltas by api, emptying the queue."""
         outbox, self._outbox = self._outbox, defaultdict(list)
         return dict(outbox)
 
     def restore(self, outbox: dict[str, list[RequestDelta]]) -> None:
-        """Deltas take() gave that could not be sent: ahead of any queued since."""
+        """Unsent deltas from take(): ahead of any queued since."""
         for api_id, deltas in outbox.items():
             self._outbox[api_id][:0] = deltas
 
@@ -63,12 +57,11 @@ def request_from_submit(sub: SubmitRequest, eos_token_ids: list[int]) -> Request
     request = Request(sub.request_id, list(sub.prompt_token_ids), sub.sampling, list(eos_token_ids),
                       sub.arrival_time, sub.priority, sub.tenant, sub.cache_salt)
     request.output_token_ids = list(sub.output_token_ids)
-    request.num_streamed_tokens = len(sub.output_token_ids)  # the api has them: it sent them back
+    request.num_streamed_tokens = len(sub.output_token_ids)
     return request
 
 
 def final_delta(request: Request, finish_reason: str, request_id: str | None = None) -> RequestDelta:
-    """The finish of a request that never ran here (refused, or done before a restart);
-    request_id: one of its n sequences instead (n > 1)."""
+    """The finish of a request that never ran here; request_id: one of its n sequences."""
     return RequestDelta(request_id or request.request_id, [], finish_reason=finish_reason,
                         num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=request.num_output_tokens)

@@ -1,11 +1,6 @@
-"""Parallel sampling (n > 1) in the scheduler: one prefill, then n children share its blocks.
-
-A fork parent (sampling.n > 1) computes up to its last prompt token and never samples. Its
-children (shared/parallel_sampling.py) are held here until that prefill is done; fork() then
-puts them in its running place, the next AllocRequest carries the Fork (the kvstore shares
-the parent's blocks, copy-on-write), and each child computes the last prompt token and samples.
-Invariants: a held child is WAITING, nothing computed, in the request table but no queue; a
-parent with no live child left is aborted.
+"""Parallel sampling (n > 1): the parent prefills all but its last prompt token, then n children share
+its blocks copy-on-write. A held child is WAITING, in the request table but no queue; a parent with no
+live child left is aborted.
 """
 
 from __future__ import annotations
@@ -19,10 +14,9 @@ class ForkGroups:
     def __init__(self) -> None:
         self._children: dict[str, list[Request]] = {}  # parent id -> its held children
         self._parent_of: dict[str, str] = {}  # held child id -> parent id
-        self._forks: list[Fork] = []  # made since the last AllocRequest
+        self._forks: list[Fork] = []
 
     def make_children(self, parent: Request) -> list[Request]:
-        """The n children of a fork parent, held until fork(); the caller registers them."""
         children = []
         for index, child_id in enumerate(child_request_ids(parent.request_id, parent.sampling.n)):
             child = Request(child_id, parent.prompt_token_ids, child_sampling(parent.sampling, index),
@@ -35,7 +29,6 @@ class ForkGroups:
         return children
 
     def parent_of(self, request_id: str) -> str | None:
-        """The parent of a held child, else None."""
         return self._parent_of.get(request_id)
 
     def release_child(self, child: Request) -> bool:
@@ -46,18 +39,16 @@ class ForkGroups:
         return not children
 
     def drop(self, parent_id: str) -> list[Request]:
-        """Forget a parent (aborted): its held children, for the caller to abort."""
         children = self._children.pop(parent_id, [])
         for child in children:
             del self._parent_of[child.request_id]
         return children
 
     def is_ready(self, request: Request) -> bool:
-        """A running parent whose prefill is done: fork it now."""
         return request.is_fork_parent and request.num_computed_tokens >= request.num_tokens_to_compute
 
     def fork(self, parent: Request) -> list[Request]:
-        """The parent's live children, RUNNING from where it stopped; the caller replaces the parent."""
+        """The parent's live children, RUNNING from where it stopped."""
         children = self.drop(parent.request_id)
         for child in children:
             child.status = RequestStatus.RUNNING
@@ -72,5 +63,4 @@ class ForkGroups:
         return forks
 
     def forget_forks(self) -> None:
-        """The kvstore is being reset: the parents' tables a Fork would split are gone."""
         self._forks = []
