@@ -1,8 +1,6 @@
 """The model's tokenizer: text <-> token ids and the chat template, for api and tests.
 
-A GGUF header's tokenizer is slow to build, so it is cached under
-$PAGEDSERVE_CACHE_DIR (default ~/.cache/pagedserve)/tokenizers/<real path, size, mtime>;
-an unwritable cache is skipped, never an error.
+A GGUF tokenizer is cached under $PAGEDSERVE_CACHE_DIR/tokenizers (skipped if unwritable).
 """
 
 from __future__ import annotations

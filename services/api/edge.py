@@ -1,5 +1,4 @@
-"""What every route shares at the HTTP edge: the app state, bounded body reading, JSON
-errors, bearer-token auth, and the one path that notices a client that went away."""
+"""What every route shares at the HTTP edge: app state, bounded bodies, errors, auth, disconnects."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class ApiState:
     started: int = field(default_factory=lambda: int(time.time()))
 
     def generation(self, prepared: Prepared, conn: Request | None = None, request_id: str | None = None) -> Generation:
-        """A Generation for a prepared body; `conn` (the HTTP request or WebSocket) gives
-        the tenant when the body names none; request_id None: a new one."""
+        """A Generation for a prepared body; `conn` gives the tenant when the body names none."""
         if prepared.tenant is None and conn is not None:
             prepared.tenant = tenant_of(conn.headers)
         prefix = "chatcmpl" if prepared.kind == "chat" else "cmpl"
@@ -43,8 +41,7 @@ class ApiState:
 
 
 def tenant_of(headers) -> str | None:
-    """The tenant a request's API key stands for: a digest, never the key itself (it ends
-    up in logs and stats). The body's `user` field, when given, wins (inputs.prepare)."""
+    """The tenant of a request's API key: a digest, never the key itself (it ends up in logs)."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
@@ -77,9 +74,8 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def close_on_disconnect(receive, choices) -> None:
-    """The api's one disconnect path, beside every response (whole, SSE or WebSocket): wait
-    for the client's disconnect message, then abort every choice, queued or running; a
-    WebSocket's {"type": "abort"} aborts them too. choices None: only wait (a follower)."""
+    """The api's one disconnect path: on disconnect (or a WebSocket "abort") abort every choice;
+    choices None: only wait."""
     while True:
         try:
             message = await receive()
@@ -102,8 +98,7 @@ def _wants_abort(text: str | None) -> bool:
 
 
 async def refuse(error: ApiError, scope, receive, send) -> None:
-    """Answer an ASGI connection with an error before any route: HTTP, the JSON error; a
-    WebSocket, accepted, told {"type": "error", ...} and closed with the reason."""
+    """Answer an ASGI connection with an error before any route (a WebSocket: accept, error, close)."""
     if scope["type"] == "http":
         return await error_response(error)(scope, receive, send)
     message = await receive()
@@ -117,10 +112,7 @@ async def refuse(error: ApiError, scope, receive, send) -> None:
 
 
 class AuthMiddleware:
-    """Pure ASGI: every /v1 and /admin route needs `Authorization: Bearer <key>`.
-
-    HTTP gets a 401 JSON error; a WebSocket is accepted, told {"type": "error", "status": 401}
-    and closed, as the stream protocol says."""
+    """Pure ASGI: every /v1 and /admin route needs `Authorization: Bearer <key>`, else a 401."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app

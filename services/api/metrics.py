@@ -1,14 +1,7 @@
 """Prometheus metrics under the `pagedserve:` prefix, with vLLM's meanings.
 
-Engine-wide numbers (running/waiting requests, KV usage, prefix-cache and token counters,
-preemptions) come from the scheduler's and the kvstore's stats blobs, read at scrape time:
-the route refreshes `StatsCollector.snapshot` and then renders the registry. Latency
-histograms are measured in this api process, per request.
-
-With several workers, the per-worker series carry a label worker="<id>" beside the
-unlabelled total (the sample with no worker label): generation tokens, requests running
-and waiting, KV cache usage, prefix cache queries and hits. Sum the labelled samples, or
-read the unlabelled one, never both.
+Engine numbers come from the stats blobs at scrape time, latencies from this api. Per-worker
+series (label worker="<id>") sit beside the unlabelled total: sum one or the other, never both.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Request bodies the api accepts (OpenAI field names) and the OpenAI-style error.
 
-Bodies are parsed strictly from JSON bytes: a wrong type is an error, never coerced
-("5" is not an int, 1.0 is not an int, 1 is not a bool). Unknown fields are ignored, as
-OpenAI clients send some we do not use. Range checks that need the tokenized prompt (the
-context length) live in services.api.inputs.
+Parsing is strict (a wrong type is an error, never coerced); unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -104,11 +101,7 @@ def parse_json_object(raw: bytes | str) -> dict:
 
 
 def parse_body(raw: bytes | str, cls: type[_Body] | None = None) -> _Body:
-    """JSON bytes -> a request model; `cls` None picks chat when "messages" is present.
-
-    Raises ApiError(400) for malformed JSON, a body that is not an object, or a field of the
-    wrong type, naming the field.
-    """
+    """JSON bytes -> a request model (`cls` None: chat if "messages"); ApiError(400) names a bad field."""
     data = parse_json_object(raw)
     if cls is None:
         cls = ChatCompletionRequest if "messages" in data else CompletionRequest

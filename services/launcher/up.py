@@ -1,11 +1,7 @@
-"""`pagedserve up`: the whole stack on one machine.
+"""`pagedserve up`: the whole stack on one machine, each service a child in its own process group.
 
-Uses $REDIS_URL if set, else starts an embedded Redis; starts kvstore, scheduler, worker
-and api as child processes (`python -m services.<svc>.main`), each in its own process
-group; waits until the api's GET /ready answers 200 and prints the URL; then supervises.
-Ctrl-C/SIGTERM stops every child (SIGTERM, SIGKILL after a grace period; a second Ctrl-C
-kills at once), the embedded Redis last. If a child dies, or the stack is not ready in
-time, it says which, prints that child's last log lines, stops the rest and exits 1.
+Ready when the api's /ready is 200; a child that dies (or no readiness in time) stops the
+rest and exits 1 with its last log lines; the embedded Redis, if any, stops last.
 """
 
 from __future__ import annotations
@@ -150,8 +146,7 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
 
 
 def worker_threads(num_workers: int, threads_per_worker: int | None) -> int | None:
-    """Each worker's CPU threads: as asked, else the cores split between several workers
-    (at least 1 each); None for a lone worker (torch's default: every core)."""
+    """Each worker's CPU threads: as asked, else the cores split (>= 1); None for a lone worker."""
     if threads_per_worker is not None or num_workers == 1:
         return threads_per_worker
     return max(1, len(os.sched_getaffinity(0)) // num_workers)
