@@ -1,12 +1,7 @@
-"""The batched allocation of one scheduler step.
+"""One scheduler step's batched allocation: forks, frees, then candidates in policy order.
 
-0. Apply every fork; 1. free every id in free_request_ids; 2. the candidates, in policy order:
-   - running: slots for num_new_tokens; while the pool is dry, preempt the last not-yet-preempted
-     running candidate at or after this one (maybe itself) and retry. No grant is ever revoked.
-   - waiting: admitted only if all its tokens fit; the first refusal, or any preemption this
-     step, stops admission (head of line). A waiting candidate never preempts.
-   Cached free blocks count as free (evicted before anyone is preempted). A fresh fork's first
-   grant copies its shared partial block. Results in candidate order, with copy-on-write pairs.
+A dry pool preempts the least important running candidate at or after the current one; no grant
+is revoked, and the first refusal or preemption stops admission (a waiting candidate never preempts).
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""A compact picture of every block of a pool, for the dashboard: one byte a block.
-
-byte = min(ref_cnt, REF_MAX) | (CACHED if the block carries a prefix hash), so a block is
-  free          ref 0, not cached;
-  cached free   ref 0, cached (nobody holds it; a prefix hit can still reuse it);
-  in use        ref 1 (cached or not: a full block of a running request is hashed);
-  shared        ref > 1 (prefix sharing, n > 1 forks), the refcount capped at REF_MAX.
-A 2 GiB pool of SmolLM2 is about 5800 blocks: 5.8 kB a worker. The blob is keyed by worker
-id, so several workers (one manager each) fit the same shape as one.
-"""
+"""The dashboard's picture of a pool, one byte a block: min(ref_cnt, REF_MAX) | CACHED if it carries
+a prefix hash (free, cached free, in use, shared), keyed by worker id."""
 
 from __future__ import annotations
 

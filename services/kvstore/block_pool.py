@@ -1,14 +1,7 @@
-"""The fixed pool of num_blocks blocks: free queue, refcounts and the prefix-hash table.
+"""The fixed pool of blocks: free queue (also the LRU of cached free blocks), refcounts, prefix-hash table.
 
-A free block may keep its cached prefix until popleft reuses it, so the free queue is also
-the LRU of unreferenced cached blocks.
-Invariants (check_integrity): free xor held (ref_cnt == 0 exactly in the free queue); the hash
-table maps h -> block exactly when block.block_hash == h; the queue is well linked, each block
-at most once; num_cached_free_blocks counts free blocks carrying a hash.
-
-KV events (for the scheduler's placement index): with record_events, every change of the
-hash table since take_events() is kept as a net diff, hash -> stored (True) or removed
-(False), the last change winning, plus whether the whole table was cleared first.
+Invariants: ref_cnt == 0 exactly in the free queue; the table maps h -> block exactly when
+block.block_hash == h. With record_events, hash-table changes are kept as a net diff.
 """
 
 from __future__ import annotations
@@ -69,8 +62,7 @@ class BlockPool:
             block.ref_cnt += 1
 
     def release(self, blocks: Iterable[KVBlock]) -> None:
-        """Drop one reference from each, in order; at 0 it joins the queue's end. Callers pass blocks
-        tail first, so a chain is evicted from its end."""
+        """Drop one reference each, in order; at 0 it joins the queue's end (pass tail first)."""
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"release of an unreferenced {block!r}")
@@ -83,8 +75,7 @@ class BlockPool:
         return self.cached_blocks.get(block_hash)
 
     def cache(self, block: KVBlock, block_hash: bytes) -> bool:
-        """Register a full, held block under its prefix hash; False (and the block stays
-        unhashed) if another block already holds that prefix."""
+        """Register a full, held block under its hash; False if another block holds that prefix."""
         if block.block_hash is not None:
             return block.block_hash == block_hash
         if block_hash in self.cached_blocks:
@@ -96,8 +87,7 @@ class BlockPool:
         return True
 
     def reset_cache(self) -> int:
-        """Forget every cached prefix, returning how many; safe while requests run (the hash table
-        is read only at admission)."""
+        """Forget every cached prefix (safe while requests run); how many."""
         num_dropped = len(self.cached_blocks)
         for block in self.cached_blocks.values():
             block.block_hash = None

@@ -1,11 +1,5 @@
-"""One request's block table: blocks in logical order, token slots used, and the chained hashes
-of its known full blocks (hashed as token diffs fill them, so generated blocks are shareable).
-
-Invariants (BlockManager.check_integrity):
-- len(blocks) == ceil(num_tokens / block_size);
-- num_hashed_blocks <= min(num_tokens // block_size, len(block_hashes)): only full known blocks
-  are hashed, so a partial last block is shared only between fresh forks, copied on first write.
-"""
+"""One request's block table. Invariants: len(blocks) == ceil(num_tokens / block_size); only full
+known blocks are hashed, so a partial last block is shared only between fresh forks."""
 
 from __future__ import annotations
 
@@ -23,11 +17,9 @@ class BlockTable:
     block_hashes: list[bytes] = field(default_factory=list)
     num_hashed_blocks: int = 0
     root: bytes = ROOT_HASH  # parent of the first block: the model and the cache salt
-    # known tokens after the last full known block (fewer than block_size); None once a
-    # gap in the tokens it was told makes further hashing impossible (or caching is off)
+    # known tokens after the last full known block; None once a gap stops hashing (or caching is off)
     tail_token_ids: list[int] | None = None
-    # forked and not granted a step yet: its next result lists the whole table (the
-    # worker has never seen this request), and its shared partial block is copied on write
+    # forked, no step granted yet: its next result lists the whole table
     is_fresh_fork: bool = False
 
     @property

@@ -1,20 +1,7 @@
-"""The kvstore's table of workers: one BlockManager (pool, free queue, prefix table,
-refcounts) per live worker, keyed by worker id. Pure: no Redis (loop.py drives it).
+"""One BlockManager per live worker, keyed by worker id (pure; loop.py drives it over Redis).
 
-A worker joins with its hello: a new pool, empty, of the size it announced; a hello from a
-known id is a restarted worker (new incarnation) and replaces that worker's pool alone.
-A worker whose lease expired is dropped with everything its pool held (Dynamo's worker
-removal; the scheduler sees the prefixes go as its requests migrate). No other worker's
-pool is touched by a join or a drop.
-
-Each AllocRequest names its worker and is answered from that worker's pool, with the KV
-events (prefix hashes stored/removed, all cleared) of that pool since its last reply. Until
-the scheduler's reset=True request arrives for a new pool, its other requests are answered
-empty (a fresh pool knows nothing of the running requests they name). A non-reset request
-whose step_id is not above the last one seen for that worker is a redelivery (None).
-
-Counters (COUNTERS) never go down: a replaced or dropped pool's counters are carried into
-the totals; per worker they carry over a restart under the same id.
+A hello makes a new empty pool (replacing only that worker's); a pool answers empty until the
+scheduler's reset arrives. COUNTERS never go down: replaced or dropped pools' counts carry over.
 """
 
 from __future__ import annotations
@@ -70,7 +57,7 @@ class WorkerPools:
         return pool.manager.num_held_blocks
 
     def apply(self, request: AllocRequest) -> AllocReply | None:
-        """The reply to one worker's step (see the module doc), or None for a redelivery."""
+        """The reply to one worker's step, with its pool's KV events, or None for a redelivery."""
         pool = self.pools.get(request.worker_id)
         step_id = request.step_id
         if pool is None:

@@ -1,10 +1,6 @@
-"""What a paged-attention backend needs to know about one step's ragged batch.
-
-T tokens, request after request, no padding. Request i owns [query_start_loc[i],
-query_start_loc[i+1]); its new tokens have positions seq_lens[i] - query_len_i .. seq_lens[i] - 1
-and attend causally to every earlier position of the request.
-KV cache per layer: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]. Position p of
-request i is at block block_tables[i, p // block_size], slot block_id * block_size + p % block_size.
+"""One step's ragged batch for a paged-attention backend: T unpadded tokens, request i owning
+[query_start_loc[i], query_start_loc[i+1]) at the last positions before seq_lens[i]. KV cache per
+layer: [2, num_blocks, block_size, Hkv, D]; position p is at block_tables[i, p // block_size].
 """
 
 from __future__ import annotations

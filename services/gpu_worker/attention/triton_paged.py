@@ -1,13 +1,7 @@
-"""Paged attention in Triton: the GPU serving path (tested on CPU under TRITON_INTERPRET=1).
+"""Paged attention in Triton (the GPU path; runs on CPU under TRITON_INTERPRET=1, set before triton's import).
 
-- _reshape_and_cache: one program per new token writes its K and V [Hkv, D] at its slot.
-- _paged_attention: one program per (query tile, kv head). A tile is up to BLOCK_Q new tokens
-  of one request; row r = token r // GROUP, head kv_head * GROUP + r % GROUP, so K/V are read
-  once per group. Keys are walked BLOCK_N at a time through the block table (a context may end
-  mid-block) with an online softmax; the token at position seq_len - query_len + t sees keys
-  0 .. that position. Launched twice per step: decode tiles (BLOCK_Q = 1), prefill tiles
-  (about ROWS_PER_TILE rows).
-TRITON_INTERPRET=1 must be set before triton is first imported (triton.jit reads it).
+_paged_attention: one program per (query tile, kv head), tile row r = token r // GROUP and head
+kv_head * GROUP + r % GROUP, so K/V are read once per group; online softmax over BLOCK_N keys.
 """
 
 import os
@@ -170,7 +164,7 @@ class TritonPagedBackend:
         plan = self._plan
         if plan is None or plan.meta is not meta or plan.group != group:
             plan = self._plan = _build_plan(meta, group)
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         for launch in plan.launches:
             _paged_attention[(launch.tile_seq.numel(), num_kv_heads)](
                 query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens,

@@ -1,10 +1,5 @@
-"""A GGUF's quantized tensors as stored, and their packed layouts for the few-row kernels.
-
-Q4_1: per 32 weights, fp16 d, fp16 m, 16 bytes of 4-bit q (byte i: weight i low nibble,
-weight 16 + i high); weight = d * q + m. Q8_0: fp16 d, 32 int8 q; weight = d * q.
-load_q4_1 -> by canonical name (q uint8 [N, K], d, m float32 [N, K/32]); load_q8_0 ->
-(q int8 [N, K], d float32 [N, K/32]). Q/K rows unpermuted like the state dict; {} if none.
-"""
+"""A GGUF's Q4_1 (weight = d * q + m) and Q8_0 (d * q) tensors per 32 weights, by canonical name
+(q [N, K], d/m float32 [N, K/32], Q/K rows unpermuted), and their packed few-row kernel layouts."""
 
 from __future__ import annotations
 
@@ -83,9 +78,8 @@ def concat(parts: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
 
 
 def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' Q4_1 layout: nibbles uint8 [N/16, K/2, 16] (byte i of pair j: q[n_i, 2j]
-    | q[n_i, 2j+1] << 4) and dm int16 [N/16, K/32, 2, 16] (fp16 bits: d then m of the 16
-    outputs). N a multiple of 16, K of 32."""
+    """nibbles uint8 [N/16, K/2, 16] (q[n_i, 2j] | q[n_i, 2j+1] << 4) and dm int16 (fp16 bits)
+    [N/16, K/32, 2, 16]; N a multiple of 16, K of 32."""
     num_rows, num_cols = q.shape
     if num_rows % 16 or num_cols % BLOCK or d.shape != (num_rows, num_cols // BLOCK) or m.shape != d.shape:
         raise ValueError(f"Q4_1 blocks of a [{num_rows}, {num_cols}] weight: N % 16, K % 32, d and m [N, K/32]")

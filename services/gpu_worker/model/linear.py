@@ -1,14 +1,6 @@
-"""y = x @ W^T, with W packed once for oneDNN where that pays: bfloat16 on the CPU.
-
-bf16 F.linear reorders the [out, in] weight into oneDNN's blocked layout on every call, which
-costs as much as a few-row product; so it is packed once at load (mkldnn._reorder_linear_weight).
-A step of a few rows goes to cpu_gemv.cpp where the CPU has AVX-512 BF16 (oneDNN is memory-bound
-there): it reads GGUF Q4_1 blocks (layers) or Q8_0 blocks (LM head, up to BF16_Q8_MAX_ROWS),
-else a bf16 pairs copy (PAGEDSERVE_SMALL_M_GEMV=0: off). GGUF blocks hold the float32 weights'
-exact values while oneDNN uses their bf16 roundings, so bf16 logits depend a little on the
-step's row count. float32 keeps F.linear (MKL, no reorder) for many rows and reads the GGUF
-blocks for few rows with AVX2+FMA+F16C (cpu_gemv_f32.cpp); greedy output still matches HF.
-PAGEDSERVE_PACK_WEIGHTS=0 turns bf16 packing off (and the bf16 small-row path with it).
+"""y = x @ W^T: bf16 weights packed once for oneDNN (F.linear reorders on every call); few-row
+steps go to cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, so bf16 logits depend
+slightly on the row count. PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 turn these off.
 """
 
 from __future__ import annotations
@@ -38,8 +30,7 @@ def packing_enabled(weight: torch.Tensor) -> bool:
 
 @functools.cache
 def _mkldnn_bf16() -> bool:
-    """oneDNN packs bf16 weights only on a CPU with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
-    elsewhere (AVX2 alone) _reorder_linear_weight raises, and bf16 keeps F.linear."""
+    """oneDNN packs bf16 only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; else bf16 keeps F.linear."""
     mkldnn = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and hasattr(mkldnn, "_is_mkldnn_bf16_supported") and bool(mkldnn._is_mkldnn_bf16_supported()))

@@ -1,9 +1,5 @@
-"""Batched sampling: one call per step for every request that samples.
-
-Penalties first (penalties.py). Greedy rows (temperature 0) take the argmax; random rows get
-temperature, top-k, top-p and min-p as batch-wide masks, then the exponential race with
-counter-based noise (noise.py), so a seeded row's output does not depend on the batch.
-"""
+"""Batched sampling, one call per step: penalties, then argmax or filters plus an exponential race
+on counter-based noise, so a seeded row's output does not depend on the batch."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ def plain_greedy(params: list[SamplingParams]) -> bool:
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """The argmax of each row of logits [N, V] (first index on ties); CPU bf16 read in place by the
-    fused kernel (no float32 copy)."""
+    """Row argmax of logits [N, V] (first on ties); CPU bf16 is read in place by the fused kernel."""
     fused = cpu_extensions.load("fused") if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" else None
     if fused is not None:
         return fused.argmax_rows(logits).tolist()
@@ -66,8 +61,7 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
            token_ids: list[list[int]], num_prompt_tokens: list[int]) -> list[SampledToken]:
-    """logits [N, V] float32 -> one SampledToken per row. token_ids[i]: row i's prompt + output so
-    far. Logprobs are the model's, before penalties and temperature (as OpenAI reports them)."""
+    """logits [N, V] float32 -> a SampledToken per row; logprobs are before penalties and temperature."""
     processed = apply_penalties(logits, params, token_ids, num_prompt_tokens)
     greedy = torch.tensor([p.temperature <= 0.0 for p in params], device=logits.device)
     # max(dim).indices is argmax (first index of the maximum), cheaper on the CPU
