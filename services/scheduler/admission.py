@@ -1,8 +1,5 @@
-"""Admission control, the scheduler's half: the policy's answer per tenant, published in the
-stats blob. The api refuses (429) from it before opening a stream, so the bound is approximate
-by one refresh; the scheduler never refuses a request it was sent.
-Table: {"admits": bool for a tenant with nothing waiting, "tenants": [[tenant, bool], ...] where
-it differs, "num_waiting", "num_waiting_tokens", "max_waiting_requests", "max_waiting_tokens"}.
+"""Admission table (the policy's answer per tenant) for the stats blob: the api answers 429 from it,
+so the bound lags by one refresh; the scheduler never refuses a request it was sent.
 """
 
 from __future__ import annotations

@@ -8,11 +8,10 @@ from services.scheduler.request import Request
 
 def pick_displaced(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],
                    max_num_seqs: int, token_budget: int, refused_ids: set[str]) -> list[Request]:
-    """Waiting requests needing room (no free slot, or in refused_ids) take the running tail's place
-    where policy.may_displace allows and the budget after every decode leaves them a token; the
-    first refusal stops it (head of line). Victims in the order taken."""
+    """Running tail requests that waiting ones needing room may displace (policy.may_displace), in the
+    order taken; the first refusal stops it (head of line)."""
     survivors = list(running)
-    planned: list[Request] = []  # waiting requests this step will offer
+    planned: list[Request] = []
     num_free_seqs = max_num_seqs - len(running)
     budget = token_budget - len(running)
     victims: list[Request] = []

@@ -7,7 +7,6 @@ from shared.messages import CachedRequestData, NewRequestData, RequestDelta, Sam
 
 
 def new_request_data(request: Request, block_ids: list[int], num_scheduled_tokens: int) -> NewRequestData:
-    """For the worker, the first time it sees the request (new, or resumed after preemption)."""
     return NewRequestData(
         request.request_id,
         request.all_token_ids,
@@ -20,12 +19,10 @@ def new_request_data(request: Request, block_ids: list[int], num_scheduled_token
 
 
 def cached_request_data(request: Request, new_block_ids: list[int], num_scheduled_tokens: int) -> CachedRequestData:
-    """For the worker, which already holds the request: only the diff."""
     return CachedRequestData(request.request_id, list(new_block_ids), request.num_computed_tokens, num_scheduled_tokens)
 
 
 def request_delta(request: Request, new_token_ids: list[int], logprobs: list[SampledToken] = ()) -> RequestDelta:
-    """For the api: this step's new tokens and, once finished, the finish reason."""
     return RequestDelta(
         request.request_id,
         list(new_token_ids),
@@ -39,8 +36,7 @@ def request_delta(request: Request, new_token_ids: list[int], logprobs: list[Sam
 
 
 def stream_delta(request: Request, stream_interval: int, force: bool = False) -> RequestDelta | None:
-    """Every output token (and its logprobs) the api has not been sent yet, if due: the
-    first token at once, later ones every stream_interval tokens (force: now)."""
+    """Unsent output tokens if due: the first at once, then every stream_interval (force: now)."""
     if not (force or request.num_streamed_tokens == 0
             or request.num_output_tokens - request.num_streamed_tokens >= stream_interval):
         return None

@@ -10,11 +10,11 @@ class SchedulerStats:
     num_running: int
     num_waiting: int
     num_preemptions_total: int
-    num_prompt_tokens_total: int  # prompt tokens of every request added
-    num_computed_prompt_tokens_total: int  # prompt tokens actually computed (not cache hits; recomputes count)
-    num_cached_tokens_total: int  # prefix-cache hits (tokens not computed) over all admissions
-    num_generation_tokens_total: int  # sampled tokens appended to outputs
-    num_finished_total: int  # stopped, length and aborted
+    num_prompt_tokens_total: int
+    num_computed_prompt_tokens_total: int  # not cache hits; recomputes count
+    num_cached_tokens_total: int
+    num_generation_tokens_total: int
+    num_finished_total: int
 
 
 @dataclass
@@ -29,7 +29,6 @@ class SchedulerCounters:
     num_finished_total: int = 0
 
     def count_computed(self, request, num_scheduled: int) -> None:
-        """A step computed positions [num_computed_tokens, + num_scheduled) of request."""
         start = request.num_computed_tokens
         num_prompt = request.num_prompt_tokens
         self.num_computed_prompt_tokens_total += min(start + num_scheduled, num_prompt) - min(start, num_prompt)

@@ -1,12 +1,6 @@
-"""fair: a fair share of running slots and KV blocks per tenant.
-
-Stateless, recomputed each step from what runs (tenant: `user` field or API key):
-- waiting: the i-th waiting request of a tenant running s has key s + i, ties by arrival;
-- running: by the KV tokens its tenant holds up to this request, so the first victim is the
-  latest request of the tenant holding the most KV;
-- displace when s_candidate + 1 < s_victim (narrows the gap, never reversed at once);
-- admission past the queue bound: a tenant below bound / waiting tenants is still admitted
-  (the queue stays below twice its bound).
+"""fair: a fair share of running slots and KV per tenant, stateless; a tenant running s ranks its
+i-th waiting request s + i; displace when s_candidate + 1 < s_victim (never reversed at once); past the
+queue bound a tenant under bound / tenants is still admitted (the queue stays below twice its bound).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Finding policies: the entry-point group `pagedserve.policies` only (built-ins included); an
-unknown name raises PolicyError naming what is installed."""
+"""Finding policies: the entry-point group `pagedserve.policies` only (built-ins included)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ class InstalledPolicy:
 def _entry_points() -> dict[str, EntryPoint]:
     found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=GROUP):
-        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
+        found.setdefault(ep.name, ep)  # the first on sys.path wins
     return found
 
 
@@ -32,7 +31,6 @@ def installed_policies() -> list[InstalledPolicy]:
 
 
 def load_policy(name: str, options: dict | None = None) -> SchedulingPolicy:
-    """The installed policy `name` built with `options`, else PolicyError."""
     eps = _entry_points()
     if name not in eps:
         raise PolicyError(f"no policy {name!r} installed (installed: {sorted(eps)})")

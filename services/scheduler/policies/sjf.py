@@ -1,8 +1,5 @@
-"""sjf: shortest expected work first, with aging so nothing starves.
-
-Expected work = tokens still to compute + max_tokens left. Waiting key = work - aging * steps
-waited, so no request starves; running by work alone (most work preempted first); never
-displaces. State: the step each waiting id was first seen (a preempted request ages afresh).
+"""sjf: shortest expected work (tokens to compute + max_tokens left) first; waiting requests age by
+`aging` tokens per step so none starves (a preempted one ages afresh); never displaces.
 """
 
 from __future__ import annotations
@@ -10,7 +7,7 @@ from __future__ import annotations
 from services.scheduler.policy import SchedulingPolicy, arrival_key, take_options
 from services.scheduler.request import Request
 
-DEFAULT_AGING = 1.0  # tokens of expected work forgiven per step waited
+DEFAULT_AGING = 1.0
 
 
 def expected_work(request: Request) -> int:
