@@ -1,7 +1,6 @@
 """The api's FastAPI app: the factory, health/readiness/metrics, and error handling.
 
-Any client error is an OpenAI-style JSON error ({"error": {"message", "type", "param",
-"code"}}) with its 4xx status, and changes nothing; a 500 only ever means a bug here.
+A client error is an OpenAI-style 4xx that changes nothing; a 500 only ever means a bug here.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ class ApiConfig:
 
 
 def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
-    """The app; its lifespan starts the Redis loop (heartbeat, delta reader) and on
-    shutdown aborts everything still running here."""
+    """The app; its lifespan starts the Redis loop and, on shutdown, aborts what runs here."""
     metrics = ApiMetrics()
     limits = RequestLimits(config.max_prompt_tokens, config.max_output_tokens)
     loop = ApiLoop(config.redis_url, Keys(config.prefix), api_id=config.api_id, admission=AdmissionGate(limits),

@@ -1,8 +1,5 @@
-"""A validated body -> what the api submits: prompt token ids, SamplingParams, stop strings.
-
-Every check that can fail runs here, before anything is sent, so a rejected request
-changes nothing. Errors are ApiError with the OpenAI status and code.
-"""
+"""A validated body -> prompt token ids, SamplingParams, stop strings; every check that can
+fail runs here, before anything is sent, so a rejected request changes nothing."""
 
 from __future__ import annotations
 

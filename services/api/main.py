@@ -1,7 +1,6 @@
 """Entry point of the api service: `python -m services.api.main [options]`.
 
-Bad config fails at start with the option named (exit 2); Redis being down at start is
-not an error: the api retries in the background and /ready says what is missing.
+Bad config exits 2 naming the option; Redis down at start is retried in the background.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models.
 
-Everything that can reject a request (body, validation, tokenizing, the submit itself)
-happens before a response starts, so a 4xx/503 never follows a 200 that already opened a
-stream. A client that goes away, running or still queued, aborts its request as soon as
-its disconnect message arrives (edge.close_on_disconnect, beside every response).
+Every rejection (4xx/503) happens before a response starts, never after a 200 opened a stream.
 """
 
 from __future__ import annotations
@@ -91,8 +88,7 @@ async def _sse_events(choices: Choices):
 
 
 class GenerationStream(StreamingResponse):
-    """An SSE response that aborts its generations however the stream ends (client gone,
-    write error, cancellation), not only when its iterator is finalized."""
+    """An SSE response that aborts its generations however the stream ends."""
 
     def __init__(self, choices: Choices, content):
         super().__init__(content, media_type="text/event-stream",
@@ -100,9 +96,7 @@ class GenerationStream(StreamingResponse):
         self.choices = choices
 
     async def __call__(self, scope, receive, send) -> None:
-        # Always listen for the client's disconnect beside the stream, whatever ASGI spec
-        # version the server speaks (Starlette skips its listener from 2.4 on and would then
-        # notice a client gone only at its next write): the events iterate without polling.
+        # listen for disconnect ourselves: Starlette skips it from ASGI spec 2.4 on
         try:
             async with anyio.create_task_group() as group:
                 async def stream() -> None:

@@ -1,9 +1,6 @@
 """The OpenAPI schema (/openapi.json) and its docs page (/docs).
 
-The routes read their bodies themselves (strict JSON, size limits, errors before any
-stream opens), so FastAPI cannot infer the bodies: this module names each route's request
-body (the pydantic models of protocol.py) and responses, every error being the OpenAI-style
-ErrorResponse. Clients, code generators and fuzzers (schemathesis) read it.
+The routes parse their own bodies, so FastAPI cannot infer them: each route's body and responses are named here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Nothing hangs at the door: until the stack is ready, the routes that need the model
-answer 503 with Retry-After and code "not_ready", instead of queueing a request nobody
-will run (a first start loads the model for minutes).
-
-Ready means: Redis answers and the scheduler, the kvstore and a worker have live
-heartbeats (ApiLoop.missing_services). The answer is cached for CHECK_INTERVAL_S, so the
-check costs at most one round trip a second, not one per request.
+"""Until the stack is ready (Redis up, scheduler, kvstore and a worker heartbeating), routes that
+need the model answer 503 "not_ready" with Retry-After rather than queue work nobody will run.
 """
 
 from __future__ import annotations

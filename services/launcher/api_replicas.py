@@ -1,9 +1,6 @@
 """The api side of `pagedserve up`: is the port free, and the api replicas' commands.
 
-N replicas serve one port: each binds it with SO_REUSEPORT (the kernel spreads the
-connections) under its own stable api id, so a replica restarted finds its requests again.
-A port already taken is refused before anything starts: probing it with /ready would
-find the other server there and report it ready.
+N replicas share one port (SO_REUSEPORT), each under a stable api id so a restart finds its requests.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ def port_taken(host: str, port: int) -> str | None:
 
 
 def api_replicas(argv: list[str], replicas: int, host: str, port: int) -> list[tuple[str, list[str]]]:
-    """(name, argv) of each api replica: one keeps the api's own defaults; several share
-    the port, each named api<i> with the id <host>-<port>-<i>."""
+    """(name, argv) of each api replica; several are named api<i> with the id <host>-<port>-<i>."""
     if replicas == 1:
         return [("api", argv)]
     name = socket.gethostname()

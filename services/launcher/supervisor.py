@@ -103,8 +103,7 @@ class Supervisor:
         return next((c for c in self.children if c.returncode() is not None), None)
 
     def stop_all(self, grace_s: float = 15.0, force: threading.Event | None = None, last: Child | None = None) -> None:
-        """SIGTERM every child (last started first), SIGKILL after `grace_s` (less once `force` is
-        set); `last` (Redis) only after the others are gone."""
+        """SIGTERM children in reverse order, SIGKILL after `grace_s`; `last` (Redis) after the rest."""
         self._stop(
             [c for c in reversed(self.children) if c is not last], grace_s, force)
         if last is not None:
