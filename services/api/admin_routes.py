@@ -1,11 +1,5 @@
-"""POST /admin/prefix-cache/reset: empty the kvstore's prefix cache (to compare, or after
-changing what a cached prefix would mean).
-
-The command travels api -> scheduler (requests stream, applied between two steps) ->
-kvstore, which drops every cached prefix hash at once: running requests keep their blocks,
-and no later request hits a prefix cached before the reset. 200 once the kvstore reports
-it done, with its cache figures; 504 when it does not in time; 503 without Redis. /admin
-routes need the API key when one is set (edge.AuthMiddleware).
+"""POST /admin/prefix-cache/reset: the kvstore forgets every cached prefix hash (running requests
+keep their blocks); 200 once it reports done, 504 if not in time, 503 without Redis.
 """
 
 from __future__ import annotations

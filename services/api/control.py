@@ -1,7 +1,4 @@
-"""Admin commands an api sends on behalf of a client: a policy swap (api -> scheduler, its
-PolicyReply back on this api's deltas stream) and a prefix-cache reset (api -> scheduler ->
-kvstore, done once the kvstore's stats list its id). Mixed into ApiLoop, whose Redis client,
-retry and stats reader they use."""
+"""Admin commands an api sends for a client (policy swap, prefix-cache reset); mixed into ApiLoop."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The live dashboard: GET / (a page of links), GET /dashboard (one static HTML file, no
-build step), GET /dashboard/snapshot (what it shows, as JSON) and GET /dashboard/events
-(the same as Server-Sent Events, one snapshot every SNAPSHOT_INTERVAL_S).
-
-Open without the API key, as /metrics is; swapping the policy from the page goes through
-POST /admin/policy, which needs it when one is set. TTFT comes from this api process's
-histogram: with several api replicas each dashboard shows its own replica's.
+"""The live dashboard: GET / (links), /dashboard (static HTML), /dashboard/snapshot (JSON) and
+/dashboard/events (SSE every SNAPSHOT_INTERVAL_S); open without the API key, as /metrics is.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What the dashboard shows, as one JSON-able map built from the stats blobs: pure, no Redis.
 
-Counters are sent as running totals (generation tokens, TTFT sum and count, prefix-cache
-queries and hits); the page turns deltas between two snapshots into tokens/s, the mean
-TTFT and the hit rate over each interval. Block maps travel base64-encoded, one byte a
-block (services.kvstore.block_map's encoding).
+Counters are running totals (the page differences two snapshots); block maps are base64, one byte a block.
 """
 
 from __future__ import annotations

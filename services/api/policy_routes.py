@@ -1,11 +1,5 @@
-"""The scheduling policy at run time: GET /admin/policy (what is in force, from the
-scheduler's stats) and POST /admin/policy {"name": ..., "options": {...}} (swap it).
-
-The swap travels to the scheduler over Redis (SetPolicy) and takes effect between two
-steps: running requests keep running and keep their blocks; waiting ones are ordered by
-the new policy from the next step on. The answer comes back from the scheduler: 200 with
-the policy now in force, 400 when it refuses (not installed, a bad option), 504 when no
-scheduler answers. /admin routes need the API key when one is set (edge.AuthMiddleware).
+"""GET /admin/policy (in force) and POST /admin/policy {"name", "options"}: a swap takes effect
+between two steps (running requests keep their blocks); 400 if refused, 504 if no scheduler answers.
 """
 
 from __future__ import annotations
