@@ -1,13 +1,4 @@
-"""The `pagedserve` command.
-
-    pagedserve up                     the whole stack on one machine (embedded Redis if no REDIS_URL)
-    pagedserve api|scheduler|kvstore|worker   one service each (what docker-compose.yml runs)
-    pagedserve generate "PROMPT"      one answer from the terminal, in-process
-    pagedserve healthcheck NAME       exit 0 if that service is alive (container healthchecks)
-    pagedserve build-kernels          compile the CPU kernels ahead of the first start
-
-Modules (add_arguments(parser), run(args) -> int) import lazily: --help never loads torch.
-"""
+"""The `pagedserve` command: subcommand modules (add_arguments, run) import lazily, so --help never loads torch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Host memory for the CPU worker: big temporaries kept mapped, the KV pool on huge pages.
-
-keep_freed_memory: glibc unmaps big freed blocks, so every step would page-fault its tens of MB
-of temporaries in again; keeping the heap costs a resident size at its high-water mark.
-huge_pages_zeros: the KV pool is read at random blocks, so 2 MiB pages save TLB misses.
-"""
+"""Host memory for the CPU worker: big temporaries kept mapped (resident size stays at its
+high-water mark), the randomly read KV pool on huge pages."""
 
 from __future__ import annotations
 

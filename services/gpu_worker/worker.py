@@ -1,9 +1,5 @@
-"""The worker: executes one StepPlan against the model and the block pool it owns.
-
-It decides nothing. It keeps, per request, the tokens it knows (the prompt crossed once;
-sampled tokens are appended here, so a decode step needs no token from the scheduler),
-its block table and its sampling state. One plan in, one StepResult out.
-"""
+"""The worker: one StepPlan in, one StepResult out; it decides nothing and keeps each request's
+tokens (sampled ones appended here), block table and sampling state."""
 
 from __future__ import annotations
 

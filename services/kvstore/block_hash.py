@@ -1,7 +1,5 @@
-"""The prefix hash of a full block: SHA-256(parent hash + token ids), so equal hashes mean equal
-whole prefixes. The model and cache salt key the root, so they never share blocks. Stable across
-processes (unlike hash()): services must agree on a prefix's hash.
-"""
+"""Chained SHA-256 block hashes (equal hash = equal whole prefix, model and salt in the root),
+stable across processes so services agree."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The free queue: a doubly linked list of free blocks, least recently freed first.
-
-O(1) popleft, append and remove from the middle (a prefix hit revives a free cached block),
-hence links in the blocks rather than a deque. Invariants: two sentinels bracket the list; a
-block is queued exactly when prev_free is not None; num_free counts the blocks between.
-"""
+"""Free blocks, least recently freed first, linked through the blocks for O(1) removal from the
+middle (a prefix hit). Invariant: a block is queued exactly when prev_free is not None."""
 
 from __future__ import annotations
 
@@ -43,7 +39,6 @@ class FreeQueue:
         return block
 
     def append(self, block: KVBlock) -> None:
-        """Put a just-freed block at the end (the last to be reused)."""
         if block in self:
             raise ValueError(f"{block!r} is already in the free queue")
         last = self._tail.prev_free

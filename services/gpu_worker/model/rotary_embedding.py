@@ -1,8 +1,4 @@
-"""Rotary position embedding (HF "rotate half" convention), with linear and llama3 scaling.
-
-The cos/sin table covers every position up to max_position_embeddings (angles in float32, as
-transformers computes them, so float32 matches HF bit for bit).
-"""
+"""Rotary embedding (HF "rotate half"), linear and llama3 scaling; float32 angles as in transformers."""
 
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, fused=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated, same shapes/dtype.
-        Pairs (i, i + D/2); cos/sin cast to the activations' dtype first. Fused CPU path: in place."""
+        """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated (in place when fused)."""
         if fused is not None:
             fused.rotary(query, positions, self.cos, self.sin)
             fused.rotary(key, positions, self.cos, self.sin)

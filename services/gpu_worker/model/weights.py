@@ -1,8 +1,5 @@
-"""Load a llama checkpoint into one canonical float32 state dict (HF llama parameter names).
-
-Sources: an HF directory (config.json + *.safetensors) or a GGUF file (dequantized with `gguf`).
-`lm_head.weight` only when the embeddings are not tied.
-"""
+"""Load an HF directory or GGUF file into one canonical float32 state dict (HF llama names;
+`lm_head.weight` only when the embeddings are not tied)."""
 
 from __future__ import annotations
 
@@ -48,8 +45,7 @@ def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor
 
 @functools.lru_cache(maxsize=4)
 def gguf_reader(path: str, mtime_ns: int | None = None):
-    """A cached gguf.GGUFReader per file and mtime_ns: parsing the header is slow and a load reads
-    the file three times. Tensor data are memory maps, so the cache holds no weights."""
+    """A cached GGUFReader per (file, mtime_ns): headers parse slowly; tensor data are memory maps."""
     import gguf
 
     return gguf.GGUFReader(path)
@@ -125,8 +121,7 @@ def _canonical_gguf_name(gguf_name: str) -> str:
 
 
 def _unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation: GGUF head row 2*i + j is HF row j * D/2 + i
-    (llama.cpp rotates interleaved pairs, HF halves). [num_heads * D, in] -> same shape."""
+    """Undo llama.cpp's Q/K row permutation: GGUF head row 2*i + j is HF row j * D/2 + i."""
     half = weights.shape[0] // num_heads // 2
     w = weights.reshape(num_heads, half, 2, *weights.shape[1:])
     return np.ascontiguousarray(w.swapaxes(2, 1).reshape(weights.shape))

@@ -1,11 +1,5 @@
-"""Counter-based exponential noise for the sampler: a pure function of (key, vocab index).
-
-The sampler's exponential race (argmax of p / E, E ~ Exp(1)) takes E from a hash of a per-row
-key, for the whole batch in a few integer ops. A seeded row's key hashes (seed, position), so a
-seed gives the same tokens whatever the batch, preemption or worker; unseeded rows get random keys.
-The hash is lowbias32 applied twice (the 64-bit key's halves), multiplied in 16-bit halves so
-nothing overflows int64.
-"""
+"""Counter-based Exp(1) noise for the sampler's race, a pure function of (key, vocab index): a seeded
+row's key hashes (seed, position), so its tokens do not depend on the batch, preemption or worker."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Presence, frequency and repetition penalties over a batch of logits, vectorised.
-
-Presence/frequency (OpenAI, over generated tokens): logit -= frequency * count + presence * (count > 0).
+"""Vectorised penalties. Presence/frequency (OpenAI, generated tokens): logit -= frequency * count + presence * (count > 0).
 Repetition (HF/vLLM, over prompt + generated, applied first): a seen token's logit is divided by
 it when positive, multiplied when negative. Rows without penalties are untouched.
 """
@@ -28,8 +26,7 @@ def _counts(rows: list[list[int]], vocab_size: int, device) -> torch.Tensor:
 
 def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[list[int]],
                     num_prompt_tokens: list[int]) -> torch.Tensor:
-    """logits [N, V] float32 -> penalised logits (a new tensor where any row is penalised).
-    token_ids[i]: row i's prompt + generated tokens; its first num_prompt_tokens[i] are prompt."""
+    """logits [N, V] float32 -> penalised logits (new tensor if any row is); token_ids[i]: prompt + generated."""
     rows = [i for i, p in enumerate(params) if has_penalty(p)]
     if not rows:
         return logits
