@@ -63,9 +63,9 @@ class WorkerLoop:
                     continue
                 result = await self._execute(entry)
                 if result is not None:
-                    result.worker_id = self.worker_id  # the results stream is every worker's
+                    result.worker_id = self.worker_id
                     results.put_nowait(result)
-            with contextlib.suppress(TimeoutError):  # hand over what is computed, if Redis lets us
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(results.join(), STOP_POLL_S)
         finally:
             for task in (reader, sender, rejoin):

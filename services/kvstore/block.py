@@ -1,9 +1,5 @@
-"""One KV cache block's bookkeeping: id, refcount, optional prefix hash, free-queue links.
-
-Invariants (BlockPool.check_integrity): ref_cnt = block-table entries pointing here; ref_cnt
-== 0 exactly when in the free queue (prev_free set); block_hash set exactly when the pool's hash
-table maps it here (a full block holding that chained prefix).
-"""
+"""One KV block's bookkeeping; ref_cnt = block-table entries pointing here, 0 exactly when in the
+free queue, and block_hash set exactly when the pool's hash table maps it here."""
 
 from __future__ import annotations
 

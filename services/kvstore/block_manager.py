@@ -39,8 +39,6 @@ class BlockManager:
         self.num_prefix_cache_resets = 0
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) since take_block_copies()
 
-    # ---- the pool at a glance ----------------------------------------------------------
-
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
@@ -64,10 +62,7 @@ class BlockManager:
     def has_request(self, request_id: str) -> bool:
         return request_id in self._tables
 
-    # ---- allocation --------------------------------------------------------------------
-
     def num_blocks_needed(self, request_id: str, num_total_tokens: int) -> int:
-        """New blocks the request's table needs to cover num_total_tokens slots."""
         table = self._tables.get(request_id)
         num_held = len(table.blocks) if table is not None else 0
         return max(0, num_blocks_for(num_total_tokens, self.block_size) - num_held)
@@ -163,7 +158,7 @@ class BlockManager:
         return b"".join(h[:KEY_BYTES] for h in stored), b"".join(h[:KEY_BYTES] for h in removed), cleared
 
     def reset_prefix_cache(self) -> int:
-        """Empty the hash table (POST /admin/prefix-cache/reset); how many prefixes were dropped."""
+        """Empty the hash table; how many prefixes were dropped."""
         self.num_prefix_cache_resets += 1
         return self.pool.reset_cache()
 
@@ -173,12 +168,11 @@ class BlockManager:
             self.pool.release(reversed(table.blocks))
 
     def preempt(self, request_id: str) -> None:
-        """Free a running request to make room; it will recompute from its prompt."""
+        """Free a running request; it will recompute from its prompt."""
         self.free(request_id)
         self.num_preemptions += 1
 
     def step(self, request: AllocRequest) -> AllocReply:
-        """One call per scheduler step: frees, then the candidates in order."""
         return run_step(self, request)
 
     def _new_table(self, cache_salt: str = "") -> BlockTable:
@@ -206,8 +200,6 @@ class BlockManager:
             self.pool.cache(table.blocks[index], table.block_hashes[index])
         table.num_hashed_blocks = max(table.num_hashed_blocks, num_hashable)
 
-    # ---- introspection -----------------------------------------------------------------
-
     def stats(self) -> dict:
         return {
             "num_blocks": self.num_blocks,
@@ -228,7 +220,6 @@ class BlockManager:
         }
 
     def check_integrity(self) -> None:
-        """AssertionError with a reason if the pool or any table breaks an invariant."""
         self.pool.check_integrity()
         references: Counter[int] = Counter()
         for request_id, table in self._tables.items():

@@ -89,8 +89,6 @@ class KvStoreLoop:
             await heartbeat.stop()
         return 0
 
-    # ---- workers joining and leaving ----------------------------------------------------
-
     async def _bootstrap_workers(self) -> None:
         for entry_id, hello in await redis_io.newest_per_worker(self.r, self.keys.worker_hello, WorkerHello,
                                                                  HELLO_SCAN):
@@ -133,8 +131,6 @@ class KvStoreLoop:
         self.reset_ids = (self.reset_ids + [command.reset_id])[-NUM_RESET_IDS:]
         self.stats_dirty, self.last_change = True, time.monotonic()
 
-    # ---- allocation ---------------------------------------------------------------------
-
     async def _on_alloc(self, entry: Entry) -> None:
         request: AllocRequest | None = entry.message
         if request is None:
@@ -152,8 +148,6 @@ class KvStoreLoop:
         if reply is not None:
             await redis_io.send(self.r, self.keys.kv_reply, reply)
             self.stats_dirty, self.last_change = True, time.monotonic()
-
-    # ---- integrity and stats -------------------------------------------------------------
 
     def _check_integrity(self) -> None:
         self.last_integrity = time.monotonic()

@@ -1,7 +1,4 @@
-"""`pagedserve kvstore`: the block-accounting service (see loop.py for what it does over Redis).
-
-The pool's size comes from the worker's hello; the options here are the accounting policy.
-"""
+"""`pagedserve kvstore`: the block-accounting service; pool sizes come from the workers' hellos."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Paged attention backends: one interface (`AttentionBackend`), a torch path for the CPU and
-Triton kernels for GPUs, plus a dense reference used only by tests."""
+"""Paged attention backends (`AttentionBackend`): torch for the CPU, Triton for GPUs, a test reference."""
 
 from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
 

@@ -1,5 +1,4 @@
-"""Copy-on-write block copies: the kvstore gives a writer a fresh block; the worker copies the
-shared one there, K and V in every layer (a block id names the same rows in each)."""
+"""Copy-on-write: the worker copies a shared block's K and V into the fresh one, in every layer."""
 
 from __future__ import annotations
 
@@ -7,8 +6,7 @@ import torch
 
 
 def copy_blocks(kv_caches: list[torch.Tensor], pairs: list[tuple[int, int]]) -> None:
-    """Copy src -> dst in every layer for each pair. All reads see the blocks as before the call
-    (gather, then scatter); two pairs with one destination raise ValueError."""
+    """Copy src -> dst per pair, all reads before any write; a repeated destination raises ValueError."""
     if not pairs or not kv_caches:
         return
     dsts = [d for _, d in pairs]

@@ -1,5 +1,4 @@
-"""Dense attention reference for tests: gathers each request's context out of the pool
-token by token and runs plain softmax attention in float32. Slow and obviously right."""
+"""Dense float32 attention over contexts gathered token by token: the tests' reference."""
 
 from __future__ import annotations
 

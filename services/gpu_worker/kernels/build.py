@@ -1,7 +1,4 @@
-"""`pagedserve build-kernels`: compile every CPU kernel now, so no worker's first start
-waits on the compiler (scripts/install.sh and the Dockerfile run it). One line a kernel:
-cached, or built and how long it took. Exit 1 if any could not be built (the worker then
-serves on plain torch ops, slower)."""
+"""`pagedserve build-kernels`: compile every CPU kernel ahead of the first start; exit 1 if any fails."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ ATTENTION = HERE.parent / "attention"
 SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_prefill.cpp",
            "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp",
            "gemv_f32": HERE / "cpu_gemv_f32.cpp"}
-# headers a source includes: torch rebuilds when a source or the compile line changes, not a
-# header, so their hash goes on the compile line
+# torch rebuilds on a source or compile-line change only, so these headers' hash goes on the compile line
 HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h"],
            "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
 
@@ -81,7 +80,6 @@ def _stamp(name: str) -> str:
 
 
 def is_built(name: str) -> bool:
-    """A build of this source, headers, compile line and torch is in the cache."""
     marker = build_dir(name) / "pagedserve.stamp"
     return marker.exists() and marker.read_text() == _stamp(name)
 

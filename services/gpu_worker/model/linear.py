@@ -37,7 +37,6 @@ def _mkldnn_bf16() -> bool:
 
 
 def small_m_kernel(weight: torch.Tensor):
-    """The few-row kernel module for this weight (cpu_gemv: bf16; cpu_gemv_f32: float32 blocks)."""
     bf16 = packing_enabled(weight)
     float32 = weight.device.type == "cpu" and weight.dtype == torch.float32
     if not ((bf16 or float32) and _env_on("PAGEDSERVE_SMALL_M_GEMV")
