@@ -1,8 +1,5 @@
-"""One scheduler step's batched allocation: forks, frees, then candidates in policy order.
-
-A dry pool preempts the least important running candidate at or after the current one; no grant
-is revoked, and the first refusal or preemption stops admission (a waiting candidate never preempts).
-"""
+"""One step's allocation: forks, frees, then candidates in policy order; a dry pool preempts the least
+important running candidate at or after the current one, and the first refusal stops admission."""
 
 from __future__ import annotations
 

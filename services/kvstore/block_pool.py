@@ -1,8 +1,5 @@
-"""The fixed pool of blocks: free queue (also the LRU of cached free blocks), refcounts, prefix-hash table.
-
-Invariants: ref_cnt == 0 exactly in the free queue; the table maps h -> block exactly when
-block.block_hash == h. With record_events, hash-table changes are kept as a net diff.
-"""
+"""The fixed pool of blocks: free queue (the LRU of cached free blocks), refcounts, prefix-hash table;
+the table maps h -> block exactly when block.block_hash == h."""
 
 from __future__ import annotations
 
@@ -112,7 +109,6 @@ class BlockPool:
         self.num_evictions += 1
 
     def check_integrity(self) -> None:
-        """AssertionError with a reason if a pool invariant is broken."""
         self.free_queue.check_integrity()
         queued_ids = set(self.free_queue.block_ids())
         for block in self.blocks:

@@ -1,7 +1,5 @@
-"""One step's ragged batch for a paged-attention backend: T unpadded tokens, request i owning
-[query_start_loc[i], query_start_loc[i+1]) at the last positions before seq_lens[i]. KV cache per
-layer: [2, num_blocks, block_size, Hkv, D]; position p is at block_tables[i, p // block_size].
-"""
+"""One step's ragged batch: request i owns tokens [query_start_loc[i], query_start_loc[i+1]);
+KV cache per layer [2, num_blocks, block_size, Hkv, D], position p at block_tables[i, p // block_size]."""
 
 from __future__ import annotations
 
@@ -44,7 +42,6 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
     ) -> AttentionMetadata:
-        """Build metadata from per-request lists (host side)."""
         query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
         starts = torch.zeros(len(query_lens) + 1, dtype=torch.int64)
@@ -79,5 +76,4 @@ class AttentionBackend(Protocol):
     def attend(
         self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        """query [T, num_heads, head_dim] -> [T, num_heads, head_dim]; query head h reads kv head
-        h // (num_heads // num_kv_heads). Call write_kv first."""
+        """query [T, H, D] -> [T, H, D]; head h reads kv head h // (H // Hkv). Call write_kv first."""

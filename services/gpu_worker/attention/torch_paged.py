@@ -1,8 +1,5 @@
-"""Paged attention in plain torch (the CPU path): decodes go to the C++ kernel or to
-context-length buckets of masked SDPA, prefill chunks to cpu_prefill.cpp or one causal SDPA each.
-
-The plan is built once per step for all layers; padded keys are masked but read, so the pool must hold finite values.
-"""
+"""Paged attention in plain torch (CPU): C++ kernels where they load, else bucketed masked SDPA for decodes
+and one causal SDPA per prefill chunk; padded keys are read, so the pool must hold finite values."""
 
 from __future__ import annotations
 

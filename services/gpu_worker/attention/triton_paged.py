@@ -1,8 +1,5 @@
-"""Paged attention in Triton (the GPU path; runs on CPU under TRITON_INTERPRET=1, set before triton's import).
-
-_paged_attention: one program per (query tile, kv head), tile row r = token r // GROUP and head
-kv_head * GROUP + r % GROUP, so K/V are read once per group; online softmax over BLOCK_N keys.
-"""
+"""Paged attention in Triton (GPU; CPU under TRITON_INTERPRET=1): one program per (query tile, kv head),
+tile row r = token r // GROUP, head kv_head * GROUP + r % GROUP, so K/V are read once per group."""
 
 import os
 from dataclasses import dataclass

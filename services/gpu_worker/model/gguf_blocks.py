@@ -73,7 +73,6 @@ def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) 
 
 
 def concat(parts: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    """Several projections' blocks stacked along N (the fused qkv and gate_up)."""
     return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
 
 
@@ -90,8 +89,7 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.
 
 
 def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float32 kernel's Q8_0 layout: q int8 [N/16, K, 16] (16 outputs for each k) and d
-    int16 [N/16, K/32, 16] (fp16 bits). N a multiple of 16, K of 32."""
+    """q int8 [N/16, K, 16] and d int16 (fp16 bits) [N/16, K/32, 16]; N a multiple of 16, K of 32."""
     num_rows, num_cols = q.shape
     if num_rows % 16 or num_cols % BLOCK or d.shape != (num_rows, num_cols // BLOCK):
         raise ValueError(f"Q8_0 blocks of a [{num_rows}, {num_cols}] weight: N % 16, K % 32, d [N, K/32]")

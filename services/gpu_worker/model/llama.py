@@ -56,7 +56,6 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.fused = fused
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
-        """hidden [T, hidden_size] -> [T, hidden_size] (plain torch ops)."""
         residual = hidden
         attn_out = self._attention(self.input_layernorm(hidden), positions, rotary, kv_cache, meta, backend)
         h = residual + attn_out
@@ -82,7 +81,6 @@ class LlamaDecoderLayer(torch.nn.Module):
         return self.down(act), h
 
     def _attention(self, normed, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
-        """normed [T, hidden_size] -> the attention block's output after o_proj [T, hidden_size]."""
         num_tokens = normed.shape[0]
         qkv = self.qkv(normed)  # [T, (H + 2 Hkv) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -146,7 +144,6 @@ class LlamaForCausalLM(torch.nn.Module):
         return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int, dtype=None, device=None) -> list[torch.Tensor]:
-        """Zeroed per-layer caches."""
         shape = self.kv_cache_shape(num_blocks, block_size)
         return [
             torch.zeros(shape, dtype=dtype or self.dtype, device=device or self.embed_tokens.device)

@@ -38,7 +38,6 @@ def seeded_key(seed: int, position: int) -> int:
 
 
 def random_keys(num_rows: int) -> list[int]:
-    """Keys for unseeded rows, from torch's global generator (one call for the batch)."""
     return torch.randint(0, 2**62, (num_rows,), dtype=torch.int64).tolist()
 
 

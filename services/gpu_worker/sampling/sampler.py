@@ -47,7 +47,6 @@ def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]
 
 
 def plain_greedy(params: list[SamplingParams]) -> bool:
-    """True when every row only takes the argmax: greedy, no penalty, no logprobs."""
     return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) for p in params)
 
 
