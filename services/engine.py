@@ -56,7 +56,6 @@ class Engine:
         return self._tokenizer
 
     def validate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
-        """Bad input raises ValueError with a reason and changes nothing."""
         if not prompt_token_ids:
             raise ValueError("prompt is empty")
         if sampling.max_tokens < 1:

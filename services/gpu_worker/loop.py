@@ -1,8 +1,5 @@
-"""The worker's Redis loop (the only worker file touching Redis): heartbeat (the lease) before
-hello, then one StepResult per StepPlan, computed on the compute thread so the heartbeat goes on.
-
-Never dies of a bad plan: it answers empty or drops the requests it cannot run, and the scheduler resets.
-"""
+"""The worker's Redis loop: heartbeat (the lease) before hello, then one StepResult per StepPlan;
+a bad plan is answered empty or loses the requests it cannot run, never killing the worker."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Per-request block tables over one worker's BlockPool; the first allocation creates a table.
-
-Invariant: each block's ref_cnt equals the number of tables listing it; shared full blocks
-are never rewritten, and a fork's shared partial last block is copied on first write.
-"""
+"""Per-request block tables over one worker's BlockPool. Invariant: a block's ref_cnt equals the
+number of tables listing it; shared full blocks are never rewritten, a fork's partial one is copied."""
 
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ class BlockManager:
         self.hash_keys = tuple(hash_keys)
         self.prefix_cache_queries = 0  # tokens of admitted requests looked up
         self.prefix_cache_hits = 0  # of those, tokens found cached
-        self.num_block_copies = 0  # copy-on-write copies asked of the worker
+        self.num_block_copies = 0
         self.num_prefix_cache_resets = 0
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) since take_block_copies()
 

@@ -1,8 +1,5 @@
-"""The kvstore's Redis loop (the only kvstore file touching Redis): one pool per live worker.
-
-A worker's lease is its heartbeat key; every AllocRequest gets exactly one AllocReply (an
-empty one for its step_id if it does not decode, so the scheduler resets that worker's step).
-"""
+"""The kvstore's Redis loop: one pool per worker whose heartbeat (lease) lives; every AllocRequest
+gets exactly one AllocReply (empty if it does not decode, so the scheduler resets that worker)."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ STATS_INTERVAL_S = 0.25  # each write is a Redis round trip
 # a full check walks every block: run it every 10 s while busy, and once quiet (from the last change) for QUIET_S
 INTEGRITY_INTERVAL_S = 10.0
 QUIET_S = 0.5
-LEASE_CHECK_S = 1.0  # how often the workers' heartbeats (leases) are read
+LEASE_CHECK_S = 1.0
 HELLO_SCAN = 1000  # hellos read back at start (the worker keeps the stream this long)
 NUM_RESET_IDS = 16
 
@@ -42,7 +39,7 @@ class KvStoreLoop:
         self.check_every_step = check_every_step
         self.incarnation = uuid.uuid4().hex
         self.pools = WorkerPools(enable_prefix_caching, watermark)
-        self.hello_ids: dict[str, tuple[int, int]] = {}  # worker id -> its newest hello's entry id
+        self.hello_ids: dict[str, tuple[int, int]] = {}  # worker id -> newest hello entry id
         self.last_step_id: int | None = None
         self.integrity_error: str | None = None
         self.last_integrity = 0.0
@@ -51,7 +48,7 @@ class KvStoreLoop:
         self.next_lease_check = 0.0
         self.redis_trouble_at = float("-inf")  # the last Redis error (leases are judged after a grace)
         self.stats_dirty = True
-        self.last_block_map = 0.0  # keys.stats("block_map"): the dashboard's per-block picture
+        self.last_block_map = 0.0
         self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
 
     async def run(self, stop: asyncio.Event) -> int:

@@ -1,8 +1,6 @@
 """The C++ CPU kernels (SOURCES), built once per machine into torch's extension cache; load() gives None
 where they cannot be built or PAGEDSERVE_CPU_KERNELS=0, and plain torch ops serve instead.
-
--march=native with the CPU's flag digest on the compile line (a cache from another CPU is rebuilt);
--ffast-math on compiling only, not linking, so the process keeps IEEE denormals.
+-ffast-math compiles but does not link, so the process keeps IEEE denormals.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class ModelConfig:
         elif scaling_type != "none":
             raise ValueError(f"GGUF rope scaling {scaling_type!r} not supported")
         vocab_size = _field(reader, f"{arch}.vocab_size", None)
-        if vocab_size is None:  # older files: count the vocabulary instead
+        if vocab_size is None:
             vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
         eos = []
         for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
