@@ -1,13 +1,5 @@
-"""Micro-benchmark: the price of paging on the CPU.
-
-    pagedserve bench attention [--threads N] [--repeat N]
-    (or python -m services.bench.attention ...)
-
-One layer of TorchPagedBackend.attend (SmolLM2 shape, randomly permuted blocks) against dense
-SDPA on contiguous K/V ("padded" [64, Hkv, 800, D] with a mask, "exact" one call per request),
-fp32 and bf16: 64 decodes (contexts 64..800), a 512-token prefill (0 or 512 cached), both mixed.
-Variants interleave round by round; min / median of --repeat rounds (min: uncontended cost).
-"""
+"""`pagedserve bench attention`: the price of paging on the CPU, one layer of TorchPagedBackend.attend
+on permuted blocks against dense SDPA, decodes, a prefill and both mixed; min / median of rounds."""
 
 from __future__ import annotations
 

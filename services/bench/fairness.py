@@ -1,17 +1,5 @@
-"""Fair sharing under a flood, over HTTP: tenant B's time to first token while tenant A
-floods the queue, under fcfs and under fair, in one run against one stack.
-
-    pagedserve bench fairness                       # launches `pagedserve up` itself
-    pagedserve bench fairness --url http://127.0.0.1:8000
-
-Phases (policy swapped via POST /admin/policy): B alone, then per policy A floods --flood
-requests and B sends as before; A's leftovers are dropped. Tenants: the `user` field. TTFT:
-send -> first text chunk, client side. Needs --max-num-seqs well below --flood.
-
-Last, the long-prompt phase (--long-prompt-tokens, 0 skips it): one prompt of that many
-tokens is sent, and --long-after seconds later B sends as before while it prefills; B's
-TTFT then is what a short chat waits behind a long prompt (the scheduler's shared budget).
-"""
+"""`pagedserve bench fairness`: tenant B's TTFT (by `user`) alone, then while tenant A floods, under
+fcfs and fair (POST /admin/policy), then behind one long prompt; needs --max-num-seqs well below --flood."""
 
 from __future__ import annotations
 

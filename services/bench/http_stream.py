@@ -1,9 +1,5 @@
-"""One streaming HTTP/1.1 POST, read as server-sent events with as little client CPU as can be.
-
-The client shares the CPU with the server it measures, so plain http avoids httpx's per-chunk
-cost. Responses: chunked, Content-Length or close-delimited; each `data:` line goes to
-on_data(payload, time.perf_counter() at arrival).
-"""
+"""One streaming HTTP/1.1 POST read as server-sent events with minimal client CPU (the client shares
+the CPU with the server it measures); each `data:` line goes to on_data(payload, arrival time)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The named benchmark workloads, shipped in the package so `--workload random-64` works
-from any installed copy.
-
-The generators are the project's reference ones (the file every figure in
-docs/benchmarks.md is quoted on), copied verbatim in behaviour: same seeds, same draws, so
-the same name gives the same token ids everywhere. Token ids come from [100, VOCAB - 100),
-so no special token appears; run them greedily with ignore_eos so every system generates
-exactly max_tokens tokens.
-"""
+"""The named benchmark workloads: seeded, so a name gives the same token ids everywhere; ids in
+[100, VOCAB - 100) avoid special tokens (run greedily with ignore_eos)."""
 
 from __future__ import annotations
 
@@ -36,10 +29,8 @@ def shared_prefix(n: int, seed: int, prefix: int, suffix: int, o: int) -> list[d
 
 
 def multi_prefix(num_prefixes: int, per_prefix: int, seed: int, prefix: int, suffix: int, o: int) -> list[dict]:
-    """num_prefixes long "system prompts" of `prefix` tokens, per_prefix requests each with
-    `suffix` distinct tokens, in a seeded shuffled order (interleaved, but not a fixed
-    cycle that round robin would split evenly by chance): with several workers, what
-    routing by cached prefix buys over round robin."""
+    """num_prefixes "system prompts", per_prefix requests each, seeded shuffle (round robin cannot
+    split it evenly by chance): what routing by cached prefix buys over round robin."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(100, VOCAB - 100) for _ in range(prefix)] for _ in range(num_prefixes)]
     order = [p for p in range(num_prefixes) for _ in range(per_prefix)]

@@ -1,12 +1,5 @@
-"""`pagedserve bench serve`: a running OpenAI-compatible server measured over HTTP.
-
-    pagedserve bench serve --url http://127.0.0.1:8000 --workload random-64
-    pagedserve bench serve --launch --workload random-64 --baseline inprocess
-
---url measures any server (pagedserve or a peer); --launch starts `pagedserve up` (own prefix,
-free port), measures, stops it, then runs --baseline on a quiet machine (inprocess, hf).
-/metrics gives peak KV usage and prefix hit rate ('-' for a server without them).
-"""
+"""`pagedserve bench serve`: an OpenAI-compatible server (--url, or --launch `pagedserve up`) measured
+over HTTP, then --baseline on a quiet machine; /metrics adds peak KV usage and prefix hit rate."""
 
 from __future__ import annotations
 

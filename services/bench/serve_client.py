@@ -1,10 +1,5 @@
-"""The load generator of `pagedserve bench serve`: streaming OpenAI clients over HTTP.
-
-Each request: `POST /v1/completions`, token-id prompt, streamed, greedy, ignore_eos, usage
-included, so any OpenAI-compatible server is measured alike. Poisson arrivals at request_rate
-(inf: a burst), at most max_concurrency in flight. http:// via http_stream, https:// via httpx.
-Client-side TTFT, ITL, end-to-end latency and output tokens (usage, else content chunks).
-"""
+"""`pagedserve bench serve`'s load generator: streamed greedy `POST /v1/completions` with Poisson
+arrivals, measuring client-side TTFT, ITL and latency of any OpenAI-compatible server."""
 
 from __future__ import annotations
 
@@ -77,8 +72,7 @@ class _Tally:
 
 
 def _has_text(data: bytes | str) -> bool | None:
-    """Whether a chunk's one choice carries text, without parsing the JSON (an unescaped `"text":`
-    is a key); None: parse it."""
+    """Whether a chunk's choice carries text, without parsing the JSON; None: parse it."""
     if isinstance(data, str):
         return None
     key = data.find(b'"text":')
