@@ -1,38 +1,9 @@
-"""One step's bookkeeping between the scheduler's three phases.
+"""One step's bookkeeping: CandidateStep (schedule() -> on_alloc()), InFlightStep (-> on_result()).
 
-CandidateStep (schedule() -> on_alloc()): which requests the step offers to the kvstore,
-and how many tokens each wants. build_candidates shares the token budget out in three
-passes:
-1. one token to every running request, in the policy's running order: every decode runs
-   (and every running prefill makes progress) before any prefill chunk grows;
-2. the rest of each running request's prefill, in the same order, as far as budget lasts;
-3. waiting requests (new or preempted), in the policy's waiting order, while sequence slots
-   and budget remain; each asks for min(num_tokens_to_compute - num_computed_tokens,
-   budget left): a prompt longer than the budget left is cut into chunks over several steps.
-Candidates keep the policy's order (running first, then waiting) whatever pass granted
-their tokens, because the kvstore preempts from the tail of that order.
-Invariant: the sum of num_new_tokens over the candidates is <= token_budget.
-
-Long prompts share the budget (as vLLM's long_prefill_token_threshold): one request's
-prefill chunk is at most `long_prefill_token_threshold` tokens (0: no cap), and fewer as
-its context grows, so that chunk tokens x context end stays <= threshold x
-LONG_PREFILL_CONTEXT. A chunk's attention costs tokens x context, so without the second
-bound a step at 8k context costs several times one at 2k; with it, every step (and so
-the wait of a request that arrives behind a long prompt's steps in flight) stays short,
-and the budget a long prefill leaves goes to the waiting requests in pass 3.
-
-A running request that wants no token now (everything it can compute is in flight, see
-Request.num_tokens_wanted) is no candidate. A running candidate tells the kvstore the
-tokens it has learnt since its last candidate (token_ids from token_ids_start): with a
-step in flight these lag the slots by the pending tokens, so blocks are hashed a step
-later, never with a gap. A waiting request with a pending token (preempted while a step
-that samples it ran) waits for that token before it is offered again.
-
-InFlightStep (on_alloc() -> on_result()): what the plan scheduled, and what the worker's
-answer must look like: one token for exactly those scheduled requests whose step reaches
-the end of their tokens, pending ones included (`samples`, fixed when the step is
-planned); a prefill chunk short of the end samples nothing. A request aborted while the
-step ran may or may not get a token; it is dropped either way.
+build_candidates grants one token to each running request, then the rest of their prefills, then
+waiting requests while slots and budget last; candidates keep the policy's order (the kvstore preempts
+from its tail) and their num_new_tokens sum to <= token_budget. A prefill chunk shrinks with context
+so tokens x context stays <= threshold x LONG_PREFILL_CONTEXT (attention costs tokens x context).
 """
 
 from __future__ import annotations
@@ -43,7 +14,7 @@ from services.scheduler.request import Request
 from shared.messages import AllocCandidate, SampledToken, StepResult
 
 LONG_PREFILL_CONTEXT = 2048  # context up to which a chunk may take the whole threshold
-MIN_PREFILL_CHUNK = 16  # a long prefill always progresses by at least this much (or the threshold)
+MIN_PREFILL_CHUNK = 16
 
 
 def prefill_chunk_cap(num_computed_tokens: int, threshold: int) -> int | None:
@@ -56,8 +27,6 @@ def prefill_chunk_cap(num_computed_tokens: int, threshold: int) -> int | None:
 
 @dataclass
 class CandidateStep:
-    """A step built by schedule() and not yet answered by the kvstore."""
-
     step_id: int
     candidates: list[tuple[Request, AllocCandidate]] = field(default_factory=list)
 
@@ -95,7 +64,7 @@ def build_candidates(
     step = CandidateStep(step_id)
     for request in running:
         if request.request_id in granted:
-            # the tokens learnt since its last candidate, so the kvstore hashes blocks as they fill
+            # tokens learnt since its last candidate: blocks are hashed a step late, never with a gap
             start, stop = request.num_kv_known_tokens, request.num_tokens_to_compute - request.num_pending_tokens
             request.num_kv_known_tokens = max(start, stop)
             candidate = AllocCandidate(request.request_id, granted[request.request_id], request.num_tokens,
@@ -106,7 +75,6 @@ def build_candidates(
             break
         if request.num_pending_tokens:
             continue  # its token is still in flight: offered once it is known
-        # a fork parent shows the kvstore only what it computes (all but the last prompt token)
         num_tokens = request.num_tokens_to_compute
         num_new_tokens = min(num_tokens - request.num_computed_tokens, budget_left)
         cap = prefill_chunk_cap(request.num_computed_tokens, long_prefill_token_threshold)
@@ -131,7 +99,7 @@ class ScheduledRequest:
     request: Request
     num_scheduled: int
     samples: bool  # the step reaches the end of its tokens: the worker samples one
-    completes: bool  # the step reaches num_tokens_to_compute (a fork parent is then ready)
+    completes: bool  # the step reaches num_tokens_to_compute
 
 
 @dataclass
