@@ -241,6 +241,17 @@ async def on_restart(r: aioredis.Redis, callback: Callable[[], Awaitable[None]],
         await asyncio.sleep(interval_s)
 
 
+async def accept_hello(r: aioredis.Redis, keys: Keys, seen: dict[str, tuple[int, int]], entry_id: bytes,
+                       worker_id: str) -> tuple[bool, str | None]:
+    """Whether a hello is newer than the last seen of its worker (then recorded in `seen`), and
+    that worker's heartbeat incarnation (None: no heartbeat, the worker is gone)."""
+    entry = stream_id_tuple(entry_id)
+    if entry <= seen.get(worker_id, (0, 0)):
+        return False, None
+    seen[worker_id] = entry
+    return True, await get_incarnation(r, keys, f"worker:{worker_id}")
+
+
 async def get_incarnation(r: aioredis.Redis, keys: Keys, name: str) -> str | None:
     """A peer's incarnation id from its heartbeat, or None if it has none (dead/not started)."""
     value = await r.get(keys.heartbeat(name))

@@ -93,11 +93,9 @@ class KvStoreLoop:
                 await self._on_hello(entry_id, hello)
 
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
-        entry = redis_io.stream_id_tuple(entry_id)
-        if entry <= self.hello_ids.get(hello.worker_id, (0, 0)):
+        new, incarnation = await redis_io.accept_hello(self.r, self.keys, self.hello_ids, entry_id, hello.worker_id)
+        if not new:
             return
-        self.hello_ids[hello.worker_id] = entry
-        incarnation = await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}")
         self.pools.join(hello, incarnation)
         self.integrity_error, self.stats_dirty = None, True
         self.last_change = time.monotonic()

@@ -194,11 +194,9 @@ class SchedulerLoop:
             await self._on_hello(entry_id, hello)
 
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
-        entry = redis_io.stream_id_tuple(entry_id)
-        if entry <= self.hello_ids.get(hello.worker_id, (0, 0)):
+        new, incarnation = await redis_io.accept_hello(self.r, self.keys, self.hello_ids, entry_id, hello.worker_id)
+        if not new:
             return
-        self.hello_ids[hello.worker_id] = entry
-        incarnation = await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}")
         if incarnation is None:
             log.info("hello of worker %s ignored: no heartbeat (it is gone)", hello.worker_id)
             return

@@ -1,32 +1,14 @@
-// Paged prefill attention on the CPU, bf16, for CPUs with AVX-512 BF16 (vdpbf16ps).
-//
-// The query rows of a prefill chunk (q_len > 1 tokens at positions seq_len - q_len ..
-// seq_len - 1) attend causally to the request's first seq_len tokens, read from its blocks
-// in the pool. A flash-attention walk: per tile of 16 query rows, key chunks of 16 in order
-// with an online softmax, so no [q_len, seq_len] score matrix is ever built.
-//
-// Shapes (bf16; query rows may be strided, a view of the fused qkv):
-//   query, out   [T, H, D]             T flat tokens of the step
-//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V; BS a multiple of 16; D 64 or 128
-//   block_tables [P, max_blocks] int32   seq_lens, q_lens [P] int32   q_starts [P] int64
-//     (prefill p's rows are out[q_starts[p] : q_starts[p] + q_lens[p]])
-//
-// Two passes. 1: per (request, KV head), K and V are copied out of their blocks into the
-// layouts vdpbf16ps wants (K transposed into pairs of dimensions, V into pairs of keys);
-// each K/V row is then read once from the pool, not once per query tile. 2: work items
-// are (request, KV head, tile of 16 query rows); a row is one (position, head of the
-// group) pair, so the G heads that share a KV head share every K/V load. Items are
-// dealt out dynamically: later tiles see more keys (causal) and cost more.
-// Per tile and key chunk, all in registers: S = Q K^T (16 x 16, fp32, DH/2 vdpbf16ps per
-// row), the causal mask, the online-softmax update (m, l, a rescale of the output), then
-// O += P V with P rounded to bf16 (as torch's CPU flash attention does for bf16).
-// Where AVX-512 BF16 is missing, supported() is false and the caller keeps SDPA.
-//
-// AMX (built with -march=native on a CPU with AMX-BF16, and the kernel granting the tile
-// state): the same walk with key chunks of 32 and the two products on tiles. S = Q K^T is
-// two 16 x 16 tiles per chunk (Q rows as A, the K layout above is already AMX's B layout),
-// O += P V is one 16 x 16 tile per 16 output dims (P as A, the V layout is B); the softmax
-// and the rescale of O stay in AVX-512. use_amx(false) keeps the vdpbf16ps walk (tests).
+// Paged causal prefill attention on the CPU, bf16, for CPUs with AVX-512 BF16 (vdpbf16ps):
+// a flash-attention walk (tiles of 16 query rows, key chunks in order, online softmax), so no
+// [q_len, seq_len] score matrix is built. Query rows are positions seq_len - q_len .. seq_len - 1.
+//   query, out [T, H, D] (query may be strided); kv_cache [2, NB, BS, Hkv, D], BS % 16 == 0,
+//   D 64 or 128; block_tables [P, max_blocks] int32; seq_lens, q_lens [P] int32; q_starts [P] int64.
+// Pass 1 copies each (request, KV head)'s K and V once into vdpbf16ps layouts; pass 2 deals out
+// (request, KV head, 16-row tile) items dynamically (later tiles see more keys); a tile's rows are
+// (position, head of the group) pairs, so a group's heads share every K/V load. P is rounded to
+// bf16 before O += P V, as torch's CPU flash attention does. With AMX (and the tile state
+// granted), chunks of 32 keys and both products on tiles; use_amx(false) keeps vdpbf16ps.
+// supported() is false without AVX-512 BF16: the caller keeps SDPA.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -52,8 +34,7 @@ constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x
 constexpr int kRows = 16;           // query rows per tile
 constexpr int kKeys = 16;           // keys per chunk (one zmm of fp32 scores)
 
-// exp(x) for x <= 0 (scores minus their running max): 2^n * 2^f with f in [-1/2, 1/2],
-// 2^f by its degree-6 Taylor polynomial (relative error < 2e-7), far below bf16's 4e-3.
+// exp(x), x <= 0: 2^n * 2^f, f in [-1/2, 1/2] by degree-6 Taylor (rel. error < 2e-7 << bf16's 4e-3)
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
@@ -77,8 +58,7 @@ struct Prefill {
   int64_t q_start, q_len, seq_len;
 };
 
-// Pass 1 for one (request, KV head): the context's K and V in vdpbf16ps layouts, zero past
-// seq_len (a zero V pair adds nothing; the padded keys' scores are masked).
+// Pass 1, one (request, KV head): K and V in vdpbf16ps layouts, zero past seq_len (scores masked)
 template <int DH>
 void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* table,
              int64_t seq_len, int64_t BS, int64_t token_stride, int64_t kv_head) {
@@ -125,8 +105,7 @@ void write_rows(uint16_t* out, const RowState<DH>& st, const Prefill& pf, int64_
   }
 }
 
-// Pass 2 for one tile: query rows [row0, row0 + kRows) of prefill `pf` at KV head kv_head;
-// row i is position i / G of the chunk, query head kv_head * G + i % G.
+// Pass 2, one tile: rows [row0, row0 + kRows) of `pf` at kv_head; row i = position i / G, head kv_head * G + i % G
 template <int DH>
 void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int64_t G, int64_t H,
           int64_t q_stride, int64_t kv_head, float scale) {
@@ -210,8 +189,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0 A (Q part / P), tmm1 B (K part / V part), tmm2-3 S (keys 0-15, 16-31), tmm4 PV:
-// all 16 rows of 64 bytes
+// tmm0 A (Q part / P), tmm1 B (K / V part), tmm2-3 S (keys 0-15, 16-31), tmm4 PV: 16 x 64 bytes
 void configure_tiles() {
   TileConfig config;
   for (int t = 0; t < 5; ++t) config.colsb[t] = 64, config.rows[t] = 16;
@@ -372,8 +350,7 @@ void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, tor
 
 }  // namespace
 
-// use_amx(false): the vdpbf16ps walk even where AMX runs (to test both); returns whether the
-// AMX walk is now in use
+// use_amx(false): the vdpbf16ps walk even where AMX runs (tests both); returns whether AMX is in use
 bool use_amx(bool enabled) {
 #if defined(__AVX512BF16__)
   amx_enabled = enabled;
