@@ -33,7 +33,7 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
 RUN pip install . \
-    && python -c "from shared.tokenizer import load_tokenizer; load_tokenizer('smollm2')" \
+    && python -c "from pagedserve.shared.tokenizer import load_tokenizer; load_tokenizer('smollm2')" \
     && pagedserve build-kernels
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -35,5 +35,5 @@ if [ "${1:-}" = "--test" ]; then
 fi
 
 step "building the CPU kernels (first time ~2 min; cached for every later start)"
-python3 -m services.cli build-kernels || echo "some CPU kernels were not built: the worker uses plain torch ops there"
+python3 -m pagedserve.services.cli build-kernels || echo "some CPU kernels were not built: the worker uses plain torch ops there"
 step "installed"

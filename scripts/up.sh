@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 printf '\n==> [%s] starting the stack (ready when http://127.0.0.1:8000/ready answers 200)\n' "$(date +%T)"
-exec python3 -m services.cli up "$@"
+exec python3 -m pagedserve.services.cli up "$@"

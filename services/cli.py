@@ -8,16 +8,16 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("services.launcher.up", "run the whole stack on this machine (embedded Redis if no REDIS_URL)"),
-    "api": ("services.api.main", "the HTTP api: OpenAI-compatible routes, WebSocket streaming"),
-    "scheduler": ("services.scheduler.main", "the scheduler: request states, the step loop, the policy"),
-    "kvstore": ("services.kvstore.main", "the kvstore: block accounting, prefix cache"),
-    "worker": ("services.gpu_worker.main", "a model worker: weights, KV pool, forward passes"),
-    "policies": ("services.scheduler.policies.command", "list the installed scheduling policies (plugins)"),
-    "generate": ("services.launcher.generate", "answer one prompt from the terminal (in-process engine)"),
-    "bench": ("services.bench.command", "benchmarks: pagedserve bench throughput --workload random-64 --baseline hf"),
-    "healthcheck": ("services.launcher.healthcheck", "exit 0 if a service is alive (for container healthchecks)"),
-    "build-kernels": ("services.gpu_worker.kernels.build", "compile the CPU kernels now, ahead of the first start"),
+    "up": ("pagedserve.services.launcher.up", "run the whole stack on this machine (embedded Redis if no REDIS_URL)"),
+    "api": ("pagedserve.services.api.main", "the HTTP api: OpenAI-compatible routes, WebSocket streaming"),
+    "scheduler": ("pagedserve.services.scheduler.main", "the scheduler: request states, the step loop, the policy"),
+    "kvstore": ("pagedserve.services.kvstore.main", "the kvstore: block accounting, prefix cache"),
+    "worker": ("pagedserve.services.gpu_worker.main", "a model worker: weights, KV pool, forward passes"),
+    "policies": ("pagedserve.services.scheduler.policies.command", "list the installed scheduling policies (plugins)"),
+    "generate": ("pagedserve.services.launcher.generate", "answer one prompt from the terminal (in-process engine)"),
+    "bench": ("pagedserve.services.bench.command", "benchmarks: pagedserve bench throughput --workload random-64 --baseline hf"),
+    "healthcheck": ("pagedserve.services.launcher.healthcheck", "exit 0 if a service is alive (for container healthchecks)"),
+    "build-kernels": ("pagedserve.services.gpu_worker.kernels.build", "compile the CPU kernels now, ahead of the first start"),
 }
 
 

@@ -8,14 +8,14 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from services.gpu_worker.worker import Worker
-from services.kvstore.block_manager import BlockManager
-from services.scheduler.policies.registry import configured_policy
-from services.scheduler.request import Request
-from services.scheduler.scheduler import Scheduler
-from shared.config import EngineConfig
-from shared.messages import RequestDelta, SamplingParams
-from shared.parallel_sampling import child_request_ids
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.services.scheduler.policies.registry import configured_policy
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import RequestDelta, SamplingParams
+from pagedserve.shared.parallel_sampling import child_request_ids
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Engine:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from shared.tokenizer import load_tokenizer
+            from pagedserve.shared.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.config.model)
         return self._tokenizer

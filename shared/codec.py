@@ -1,4 +1,4 @@
-"""msgpack codec for the dataclasses in shared.messages, on msgspec.
+"""msgpack codec for the dataclasses in pagedserve.shared.messages, on msgspec.
 
 Wire form: a msgpack map {"v": VERSION, "t": type name, "d": the message's fields as a
 map}. msgspec encodes the dataclasses natively and decodes straight into them, checking
@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from shared import messages
-from shared.messages import VERSION
+from pagedserve.shared import messages
+from pagedserve.shared.messages import VERSION
 
 
 class CodecError(ValueError):

@@ -1,4 +1,4 @@
-"""Typed messages between the services, one per step per hop, packed by `shared.codec` with `VERSION`.
+"""Typed messages between the services, one per step per hop, packed by `pagedserve.shared.codec` with `VERSION`.
 
 Diffs, not state: a request's tokens reach the worker once (NewRequestData), then only counts and new block ids.
 """

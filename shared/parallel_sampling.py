@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shared.messages import SamplingParams
+from pagedserve.shared.messages import SamplingParams
 
 
 def child_request_ids(request_id: str, n: int) -> list[str]:

@@ -22,9 +22,9 @@ import msgpack
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from shared.codec import CodecError, pack, unpack
-from shared.config import ConfigError
-from shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Keys
+from pagedserve.shared.codec import CodecError, pack, unpack
+from pagedserve.shared.config import ConfigError
+from pagedserve.shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.redis")
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 
-from shared.model_source import find_gguf_in_dir, resolve_model
+from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
 
 
 class Tokenizer:

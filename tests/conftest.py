@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from shared.tokenizer import load_tokenizer
+    from pagedserve.shared.tokenizer import load_tokenizer
 
     return load_tokenizer("smollm2")
 
@@ -23,7 +23,7 @@ def hf_model():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from shared.model_source import resolve_model
+    from pagedserve.shared.model_source import resolve_model
 
     path = resolve_model("smollm2")
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),

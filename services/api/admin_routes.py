@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from services.api.edge import state_of
-from services.api.loop import RedisUnavailable
-from services.api.protocol import ApiError
+from pagedserve.services.api.edge import state_of
+from pagedserve.services.api.loop import RedisUnavailable
+from pagedserve.services.api.protocol import ApiError
 
 router = APIRouter()
 

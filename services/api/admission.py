@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from services.api.protocol import ApiError
+from pagedserve.services.api.protocol import ApiError
 
 REFRESH_S = 0.1
 MAX_RETRY_AFTER_S = 60

@@ -16,16 +16,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.api import admin_routes, dashboard_routes, openai_routes, openapi, policy_routes, stream_routes
-from services.api.admission import AdmissionGate, RequestLimits
-from services.api.choices import Choices
-from services.api.edge import ApiState, AuthMiddleware, error_response
-from services.api.inputs import ModelInfo
-from services.api.loop import ApiLoop
-from services.api.metrics import ApiMetrics
-from services.api.protocol import ApiError
-from services.api.readiness import Readiness, ReadyGate
-from shared.streams import Keys
+from pagedserve.services.api import admin_routes, dashboard_routes, openai_routes, openapi, policy_routes, stream_routes
+from pagedserve.services.api.admission import AdmissionGate, RequestLimits
+from pagedserve.services.api.choices import Choices
+from pagedserve.services.api.edge import ApiState, AuthMiddleware, error_response
+from pagedserve.services.api.inputs import ModelInfo
+from pagedserve.services.api.loop import ApiLoop
+from pagedserve.services.api.metrics import ApiMetrics
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.services.api.readiness import Readiness, ReadyGate
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.api")
 

@@ -11,12 +11,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from services.api.edge import ApiState
-from services.api.generation import Generation, Output, unavailable
-from services.api.inputs import Prepared
-from services.api.loop import RedisUnavailable
-from shared.messages import SubmitRequest
-from shared.parallel_sampling import child_request_ids, child_sampling
+from pagedserve.services.api.edge import ApiState
+from pagedserve.services.api.generation import Generation, Output, unavailable
+from pagedserve.services.api.inputs import Prepared
+from pagedserve.services.api.loop import RedisUnavailable
+from pagedserve.shared.messages import SubmitRequest
+from pagedserve.shared.parallel_sampling import child_request_ids, child_sampling
 
 log = logging.getLogger("pagedserve.api")
 

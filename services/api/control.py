@@ -6,8 +6,8 @@ import asyncio
 import time
 import uuid
 
-from shared import redis_io
-from shared.messages import PolicyReply, PrefixCacheReset, SetPolicy
+from pagedserve.shared import redis_io
+from pagedserve.shared.messages import PolicyReply, PrefixCacheReset, SetPolicy
 
 
 class ControlCommands:

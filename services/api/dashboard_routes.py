@@ -13,9 +13,9 @@ from importlib.resources import files
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
-from services.api.dashboard_snapshot import build_snapshot
-from services.api.edge import state_of
-from services.api.metrics import PREFIX
+from pagedserve.services.api.dashboard_snapshot import build_snapshot
+from pagedserve.services.api.edge import state_of
+from pagedserve.services.api.metrics import PREFIX
 
 router = APIRouter()
 SNAPSHOT_INTERVAL_S = 1.0
@@ -37,7 +37,7 @@ async def index(request: Request) -> HTMLResponse:
 
 @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
 async def dashboard() -> HTMLResponse:
-    return HTMLResponse(files("services.api.dashboard").joinpath("index.html").read_text(encoding="utf-8"))
+    return HTMLResponse(files("pagedserve.services.api.dashboard").joinpath("index.html").read_text(encoding="utf-8"))
 
 
 @router.get("/dashboard/snapshot", include_in_schema=False)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from services.api.generation import Generation
-from services.api.inputs import ModelInfo, Prepared
-from services.api.loop import ApiLoop
-from services.api.metrics import ApiMetrics
-from services.api.protocol import ApiError
+from pagedserve.services.api.generation import Generation
+from pagedserve.services.api.inputs import ModelInfo, Prepared
+from pagedserve.services.api.loop import ApiLoop
+from pagedserve.services.api.metrics import ApiMetrics
+from pagedserve.services.api.protocol import ApiError
 
 CLIENT_GONE = "client disconnected"
 

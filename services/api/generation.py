@@ -11,13 +11,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.api.admission import check_limits
-from services.api.detokenizer import Detokenizer
-from services.api.inputs import Prepared
-from services.api.loop import ApiLoop
-from services.api.metrics import ApiMetrics
-from services.api.protocol import ApiError
-from shared.messages import RequestDelta, SampledToken, SubmitRequest
+from pagedserve.services.api.admission import check_limits
+from pagedserve.services.api.detokenizer import Detokenizer
+from pagedserve.services.api.inputs import Prepared
+from pagedserve.services.api.loop import ApiLoop
+from pagedserve.services.api.metrics import ApiMetrics
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.shared.messages import RequestDelta, SampledToken, SubmitRequest
 
 log = logging.getLogger("pagedserve.api")
 

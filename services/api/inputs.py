@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
-from shared.messages import SamplingParams
+from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from pagedserve.shared.messages import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
 DEFAULT_CHAT_MAX_TOKENS = 1024  # chat: the rest of the context, capped at this

@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
-from services.api.admission import REFRESH_S, AdmissionGate
-from services.api.control import ControlCommands
-from services.api.records import RecordStore
-from shared import redis_io
-from shared.codec import pack
-from shared.messages import (
+from pagedserve.services.api.admission import REFRESH_S, AdmissionGate
+from pagedserve.services.api.control import ControlCommands
+from pagedserve.services.api.records import RecordStore
+from pagedserve.shared import redis_io
+from pagedserve.shared.codec import pack
+from pagedserve.shared.messages import (
     AbortRequest,
     DeltaBatch,
     PolicyReply,
 )
-from shared.parallel_sampling import child_request_ids
-from shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, Heartbeat, RunIdWatch
-from shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
+from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, Heartbeat, RunIdWatch
+from pagedserve.shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
 
 if TYPE_CHECKING:
-    from services.api.choices import Choices
-    from services.api.generation import Generation, Output
+    from pagedserve.services.api.choices import Choices
+    from pagedserve.services.api.generation import Generation, Output
 
 log = logging.getLogger("pagedserve.api.loop")
 
@@ -137,7 +137,7 @@ class ApiLoop(ControlCommands):
 
     def end(self, gen: Generation, reason: str, why: str) -> None:
         """End a live sequence: abort it at the scheduler, record the finish, wake its listener."""
-        from services.api.generation import Output
+        from pagedserve.services.api.generation import Output
 
         self.abort(gen.request_id, why)
         gen._finish(reason, why)

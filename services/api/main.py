@@ -1,4 +1,4 @@
-"""Entry point of the api service: `python -m services.api.main [options]`.
+"""Entry point of the api service: `python -m pagedserve.services.api.main [options]`.
 
 Bad config exits 2 naming the option; Redis down at start is retried in the background.
 """
@@ -14,9 +14,9 @@ import signal
 import socket
 import sys
 
-from services.api.app import ApiConfig, create_app
-from services.api.inputs import ModelInfo
-from shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
+from pagedserve.services.api.app import ApiConfig, create_app
+from pagedserve.services.api.inputs import ModelInfo
+from pagedserve.shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
 
 log = logging.getLogger("pagedserve.api")
 
@@ -104,14 +104,14 @@ def _is_smollm2(path: str) -> bool:
 
 
 def _context_length(path: str) -> int:
-    from services.gpu_worker.model.config import ModelConfig
+    from pagedserve.services.gpu_worker.model.config import ModelConfig
 
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
         with open(os.path.join(path, "config.json")) as f:
             return ModelConfig.from_hf_config(json.load(f)).max_position_embeddings
     from gguf import GGUFReader
 
-    from shared.model_source import find_gguf_in_dir
+    from pagedserve.shared.model_source import find_gguf_in_dir
 
     gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
     return ModelConfig.from_gguf(GGUFReader(gguf_file)).max_position_embeddings
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    from shared.tokenizer import load_tokenizer
+    from pagedserve.shared.tokenizer import load_tokenizer
 
     try:  # first, so a busy port fails in a second, not after loading the tokenizer
         sock = bind_socket(args.host, args.port, args.reuse_port)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from services.api.choices import Choices
-from services.api.generation import Generation, Output
-from shared.messages import SampledToken
+from pagedserve.services.api.choices import Choices
+from pagedserve.services.api.generation import Generation, Output
+from pagedserve.shared.messages import SampledToken
 
 
 def completion_response(choices: Choices) -> dict:

@@ -12,11 +12,11 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.api import openai_format as fmt
-from services.api.choices import Choices
-from services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
-from services.api.inputs import MAX_N, prepare
-from services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from pagedserve.services.api import openai_format as fmt
+from pagedserve.services.api.choices import Choices
+from pagedserve.services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
+from pagedserve.services.api.inputs import MAX_N, prepare
+from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from services.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
 
 
 class ErrorDetail(BaseModel):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from services.api.edge import read_body, state_of
-from services.api.loop import RedisUnavailable
-from services.api.protocol import ApiError, parse_json_object
+from pagedserve.services.api.edge import read_body, state_of
+from pagedserve.services.api.loop import RedisUnavailable
+from pagedserve.services.api.protocol import ApiError, parse_json_object
 
 router = APIRouter()
 MAX_BODY_BYTES = 16 << 10

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from services.api.edge import refuse
-from services.api.protocol import ApiError
+from pagedserve.services.api.edge import refuse
+from pagedserve.services.api.protocol import ApiError
 
 CHECK_INTERVAL_S = 1.0
 RETRY_AFTER_S = 5

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from shared import redis_io
-from shared.codec import pack, unpack
-from shared.messages import SubmitRequest
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.codec import pack, unpack
+from pagedserve.shared.messages import SubmitRequest
+from pagedserve.shared.streams import Keys
 
 EVENT = b"e"
 TTL_EVERY = 64  # events between two refreshes of a running record's TTL

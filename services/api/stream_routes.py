@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from services.api.choices import Choices
-from services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
-from services.api.generation import Output
-from services.api.inputs import prepare
-from services.api.protocol import ApiError, parse_body
+from pagedserve.services.api.choices import Choices
+from pagedserve.services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
+from pagedserve.services.api.generation import Output
+from pagedserve.services.api.inputs import prepare
+from pagedserve.services.api.protocol import ApiError, parse_body
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()

@@ -11,9 +11,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention import torch_paged
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.torch_paged import TorchPagedBackend
+from pagedserve.services.gpu_worker.attention import torch_paged
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 GROUP = NUM_HEADS // NUM_KV_HEADS

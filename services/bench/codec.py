@@ -12,8 +12,8 @@ import argparse
 import statistics
 import time
 
-from shared import codec
-from shared import messages as msg
+from pagedserve.shared import codec
+from pagedserve.shared import messages as msg
 
 
 def step_messages(num_requests: int, step_id: int = 1000) -> list:

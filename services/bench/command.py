@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench import codec, fairness, latency, profile, serve, throughput
+from pagedserve.services.bench import codec, fairness, latency, profile, serve, throughput
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.kind == "attention":
-        from services.bench import attention as bench_attention
+        from pagedserve.services.bench import attention as bench_attention
 
         bench_attention.main(["--repeat", str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else []))
         return 0
     if args.kind in ("fairness", "codec"):
         return {"fairness": fairness, "codec": codec}[args.kind].run(args)
     if args.dtype == "auto":  # resolved once, so every system of the run uses the same one
-        from services.gpu_worker.device import cpu_has_bf16
+        from pagedserve.services.gpu_worker.device import cpu_has_bf16
 
         args.dtype = "bfloat16" if cpu_has_bf16() else "float32"
     return {"throughput": throughput, "serve": serve, "latency": latency, "profile": profile}[args.kind].run(args)

@@ -13,7 +13,7 @@ import time
 import httpx
 import numpy as np
 
-from services.bench.serve import LaunchedStack
+from pagedserve.services.bench.serve import LaunchedStack
 
 PROMPT_A = "Write a long story about a lighthouse keeper."
 PROMPT_B = "What is the capital of France?"
@@ -159,6 +159,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m services.bench.fairness", description=__doc__.split("\n")[0])
+    _parser = argparse.ArgumentParser(prog="python -m pagedserve.services.bench.fairness", description=__doc__.split("\n")[0])
     add_arguments(_parser)
     sys.exit(run(_parser.parse_args()))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-from services.bench.report import throughput_fields
-from services.bench.workloads import BenchRequest
+from pagedserve.services.bench.report import throughput_fields
+from pagedserve.services.bench.workloads import BenchRequest
 
 
 def run_hf_baseline(requests: list[BenchRequest], model: str, dtype: str, batch_size: int = 16,
@@ -18,7 +18,7 @@ def run_hf_baseline(requests: list[BenchRequest], model: str, dtype: str, batch_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from shared.model_source import resolve_model
+    from pagedserve.shared.model_source import resolve_model
 
     path = resolve_model(model)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]

@@ -17,9 +17,9 @@ import random
 import statistics
 import time
 
-from services.bench.report import print_table
-from services.bench.serve import LaunchedStack, served_model
-from services.bench.workloads import BenchRequest
+from pagedserve.services.bench.report import print_table
+from pagedserve.services.bench.serve import LaunchedStack, served_model
+from pagedserve.services.bench.workloads import BenchRequest
 
 VOCAB_LO, VOCAB_HI = 100, 49152 - 100  # SmolLM2 ids, clear of special tokens
 
@@ -37,9 +37,9 @@ def lone_requests(args: argparse.Namespace) -> list[BenchRequest]:
 
 
 def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
-    from services.engine import Engine
-    from shared.config import EngineConfig
-    from shared.messages import SamplingParams
+    from pagedserve.services.engine import Engine
+    from pagedserve.shared.config import EngineConfig
+    from pagedserve.shared.messages import SamplingParams
 
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory))
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -56,7 +56,7 @@ def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[t
 
 
 def _over_http(base_url: str, requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
-    from services.bench.serve_client import run_load
+    from pagedserve.services.bench.serve_client import run_load
 
     asyncio.run(run_load(base_url, served_model(args), [BenchRequest(requests[0].prompt_token_ids[:8], 2)],
                          math.inf, None, args.api_key))

@@ -11,9 +11,9 @@ import argparse
 import json
 import time
 
-from services.bench.workloads import load_workload
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.bench.workloads import load_workload
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def profile_steps(engine, num_steps: int) -> tuple[float, list[dict]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.engine import Engine
+    from pagedserve.services.engine import Engine
 
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

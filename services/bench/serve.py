@@ -18,10 +18,10 @@ import uuid
 
 import httpx
 
-from services.bench.report import LATENCY_STATS, latency_summary, print_table, throughput_fields
-from services.bench.serve_client import RequestRecord, run_load
-from services.bench.stack_cpu import StackCpu
-from services.bench.workloads import BenchRequest, load_workload
+from pagedserve.services.bench.report import LATENCY_STATS, latency_summary, print_table, throughput_fields
+from pagedserve.services.bench.serve_client import RequestRecord, run_load
+from pagedserve.services.bench.stack_cpu import StackCpu
+from pagedserve.services.bench.workloads import BenchRequest, load_workload
 
 _METRIC = re.compile(r"^(pagedserve:[a-z_]+)\s+([0-9.eE+-]+|NaN)$", re.M)
 SCRAPE_EVERY_S = 0.25
@@ -145,7 +145,7 @@ class LaunchedStack:
     def __init__(self, up_args: list[str], dtype: str, model: str | None = None, timeout_s: float = 300.0) -> None:
         port = _free_port()
         self.base_url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--dtype", dtype,
+        argv = [sys.executable, "-m", "pagedserve.services.cli", "up", "--port", str(port), "--dtype", dtype,
                 "--prefix", f"bench-{uuid.uuid4().hex[:8]}", "--log-level", "warning",
                 *(["--model", model] if model else []), *up_args]
         self.proc = subprocess.Popen(argv, start_new_session=True)
@@ -185,11 +185,11 @@ def run(args: argparse.Namespace) -> int:
         url = (args.url or DEFAULT_URL).rstrip("/")
         results = [measure(url, requests, args, f"server@{url}")]
     if args.baseline == "inprocess":
-        from services.bench.throughput import run_engine
+        from pagedserve.services.bench.throughput import run_engine
 
         results.append(run_engine(requests, args))
     elif args.baseline == "hf":
-        from services.bench.hf_baseline import run_hf_baseline
+        from pagedserve.services.bench.hf_baseline import run_hf_baseline
 
         results.append(run_hf_baseline(requests, args.model, args.dtype, args.hf_batch_size))
     for r in results:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from services.bench.http_stream import StreamError, post_sse
-from services.bench.workloads import BenchRequest
+from pagedserve.services.bench.http_stream import StreamError, post_sse
+from pagedserve.services.bench.workloads import BenchRequest
 
 
 @dataclass
@@ -90,7 +90,7 @@ def _body(model: str, req: BenchRequest) -> dict:
 
 
 async def _one_lean(url: str, model: str, req: BenchRequest, headers: dict) -> RequestRecord:
-    """An http:// server: services.bench.http_stream, the client's CPU kept off the server's."""
+    """An http:// server: pagedserve.services.bench.http_stream, the client's CPU kept off the server's."""
     record = RequestRecord(num_prompt_tokens=len(req.prompt_token_ids))
     tally = _Tally(record, time.perf_counter())
     try:

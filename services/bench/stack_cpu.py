@@ -79,7 +79,7 @@ class StackCpu:
         import msgpack
         import redis
 
-        from shared.streams import Keys
+        from pagedserve.shared.streams import Keys
 
         url, prefix = _option(cmdline, "--redis-url"), _option(cmdline, "--prefix")
         if url is None or prefix is None:

@@ -12,10 +12,10 @@ import json
 import sys
 import time
 
-from services.bench.report import latency_summary, print_table, throughput_fields
-from services.bench.workloads import load_workload
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.bench.report import latency_summary, print_table, throughput_fields
+from pagedserve.services.bench.workloads import load_workload
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 
 COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms",
            "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate", "prompt_tokens_computed"]
@@ -47,7 +47,7 @@ def _json_object(text: str) -> dict:
 def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dict:
     from tqdm import tqdm
 
-    from services.engine import Engine
+    from pagedserve.services.engine import Engine
 
     config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -96,8 +96,8 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.scheduler.policies.registry import configured_policy
-    from shared.config import ConfigError
+    from pagedserve.services.scheduler.policies.registry import configured_policy
+    from pagedserve.shared.config import ConfigError
 
     try:
         configured_policy(args.policy, args.policy_options)  # a bad name fails now, naming the field
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline == "hf":
         from tqdm import tqdm
 
-        from services.bench.hf_baseline import run_hf_baseline
+        from pagedserve.services.bench.hf_baseline import run_hf_baseline
 
         with tqdm(total=len(requests), unit="req", desc="hf", leave=False) as bar:
             results.append(run_hf_baseline(requests, args.model, args.dtype, args.hf_batch_size, bar.update))

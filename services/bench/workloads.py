@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from services.bench.named_workloads import WORKLOADS
+from pagedserve.services.bench.named_workloads import WORKLOADS
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.host_memory import huge_pages_zeros
-from services.gpu_worker.model.config import ModelConfig
-from shared.config import EngineConfig, parse_size
+from pagedserve.services.gpu_worker.host_memory import huge_pages_zeros
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.shared.config import EngineConfig, parse_size
 
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -9,10 +9,10 @@ import contextlib
 import logging
 import uuid
 
-from shared import redis_io
-from shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
-from shared.redis_io import Entry, Heartbeat
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.redis_io import Entry, Heartbeat
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
 

@@ -9,9 +9,9 @@ import os
 import socket
 import sys
 
-from shared import redis_io
-from shared.config import ConfigError, EngineConfig
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.config import ConfigError, EngineConfig
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
 
@@ -61,7 +61,7 @@ def check_worker_args(args: argparse.Namespace) -> None:
 def _load_worker(config: EngineConfig, threads: int | None):
     import torch
 
-    from services.gpu_worker.worker import Worker
+    from pagedserve.services.gpu_worker.worker import Worker
 
     if threads is not None:
         torch.set_num_threads(threads)  # on the compute thread: its OpenMP team is this size
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
         return 1
     max_model_len = config.max_model_len or worker.model_config.max_position_embeddings
-    from services.gpu_worker.loop import WorkerLoop
+    from pagedserve.services.gpu_worker.loop import WorkerLoop
 
     return redis_io.run_loop(args.redis_url, "worker", lambda r: WorkerLoop(
         r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute))

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.attention import get_backend
-from services.gpu_worker.attention.block_copy import copy_blocks
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.device import resolve_device, resolve_dtype
-from services.gpu_worker.host_memory import keep_freed_memory
-from services.gpu_worker.kv_pool import KVPool, num_blocks_for
-from services.gpu_worker.model.llama import build_model
-from services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
-from shared.config import EngineConfig
-from shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
+from pagedserve.services.gpu_worker.attention import get_backend
+from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
+from pagedserve.services.gpu_worker.host_memory import keep_freed_memory
+from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
+from pagedserve.services.gpu_worker.model.llama import build_model
+from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 
 log = logging.getLogger("pagedserve.worker")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.messages import (
+from pagedserve.shared.messages import (
     ALLOC_NOT_ADMITTED,
     ALLOC_OK,
     ALLOC_PREEMPTED,
@@ -16,7 +16,7 @@ from shared.messages import (
 )
 
 if TYPE_CHECKING:
-    from services.kvstore.block_manager import BlockManager
+    from pagedserve.services.kvstore.block_manager import BlockManager
 
 
 def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:

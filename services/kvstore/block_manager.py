@@ -7,11 +7,11 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from services.kvstore.alloc_step import run_step
-from services.kvstore.block_hash import hash_full_blocks, root_hash
-from services.kvstore.block_pool import BlockPool
-from services.kvstore.block_table import BlockTable, num_blocks_for
-from shared.messages import KEY_BYTES, AllocReply, AllocRequest
+from pagedserve.services.kvstore.alloc_step import run_step
+from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
+from pagedserve.services.kvstore.block_pool import BlockPool
+from pagedserve.services.kvstore.block_table import BlockTable, num_blocks_for
+from pagedserve.shared.messages import KEY_BYTES, AllocReply, AllocRequest
 
 
 class BlockManager:

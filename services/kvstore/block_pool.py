@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.kvstore.block import KVBlock
-from services.kvstore.free_queue import FreeQueue
+from pagedserve.services.kvstore.block import KVBlock
+from pagedserve.services.kvstore.free_queue import FreeQueue
 
 
 class BlockPool:

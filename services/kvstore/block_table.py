@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.kvstore.block import KVBlock
-from services.kvstore.block_hash import ROOT_HASH, hash_block
+from pagedserve.services.kvstore.block import KVBlock
+from pagedserve.services.kvstore.block_hash import ROOT_HASH, hash_block
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from services.kvstore.block import KVBlock
+from pagedserve.services.kvstore.block import KVBlock
 
 
 class FreeQueue:

@@ -11,12 +11,12 @@ import uuid
 
 import msgpack
 
-from services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
-from services.kvstore.worker_pools import WorkerPools
-from shared import redis_io
-from shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
-from shared.redis_io import Entry, Heartbeat
-from shared.streams import HEARTBEAT_TTL_S, Keys
+from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
+from pagedserve.services.kvstore.worker_pools import WorkerPools
+from pagedserve.shared import redis_io
+from pagedserve.shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
+from pagedserve.shared.redis_io import Entry, Heartbeat
+from pagedserve.shared.streams import HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.kvstore")
 

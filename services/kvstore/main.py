@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from shared import redis_io
-from shared.config import ConfigError
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.config import ConfigError
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.kvstore")
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.kvstore.loop import KvStoreLoop
+    from pagedserve.services.kvstore.loop import KvStoreLoop
 
     try:
         redis_io.setup_logging(args.log_level)

@@ -10,8 +10,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from services.kvstore.block_manager import BlockManager
-from shared.messages import AllocReply, AllocRequest, WorkerHello
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import AllocReply, AllocRequest, WorkerHello
 
 log = logging.getLogger("pagedserve.kvstore")
 

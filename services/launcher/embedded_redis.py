@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from services.launcher.supervisor import Child, Supervisor
+from pagedserve.services.launcher.supervisor import Child, Supervisor
 
 log = logging.getLogger("pagedserve.up")
 

@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 
-from shared.config import ConfigError, parse_size
+from pagedserve.shared.config import ConfigError, parse_size
 
 log = logging.getLogger("pagedserve.generate")
 
@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"pagedserve generate: invalid config: {e}", file=sys.stderr)
         return 2
-    from services.engine import Engine
-    from shared.config import EngineConfig
-    from shared.messages import SamplingParams
+    from pagedserve.services.engine import Engine
+    from pagedserve.shared.config import EngineConfig
+    from pagedserve.shared.messages import SamplingParams
 
     try:
         engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shared import redis_io
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.streams import Keys
 
 SERVICES = ("scheduler", "kvstore", "worker", "api")
 

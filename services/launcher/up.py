@@ -16,10 +16,10 @@ import time
 
 import httpx
 
-from services.launcher.api_replicas import api_replicas, port_taken
-from services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
-from services.launcher.supervisor import Child, Supervisor
-from shared.config import ConfigError, parse_size
+from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
+from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from pagedserve.services.launcher.supervisor import Child, Supervisor
+from pagedserve.shared.config import ConfigError, parse_size
 
 log = logging.getLogger("pagedserve.up")
 
@@ -89,7 +89,7 @@ def check_args(args: argparse.Namespace) -> None:
     for option in ("workers", "threads_per_worker"):
         if getattr(args, option, None) is not None and getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
-    from services.scheduler.main import check_router
+    from pagedserve.services.scheduler.main import check_router
 
     check_router(getattr(args, "router", "prefix"), *(1.0 if getattr(args, f, None) is None else getattr(args, f)
                                                       for f in ("prefill_weight", "decode_weight")))
@@ -100,10 +100,10 @@ def check_args(args: argparse.Namespace) -> None:
     threshold = getattr(args, "long_prefill_token_threshold", None)
     if threshold is not None and threshold < 0:
         raise ConfigError(f"--long-prefill-token-threshold={threshold}: must be 0 (no cap) or more")
-    from services.scheduler.main import load_policy
+    from pagedserve.services.scheduler.main import load_policy
 
     load_policy(args.policy, args.policy_options)  # not installed, or bad options: fail before starting
-    from shared.model_source import resolve_model
+    from pagedserve.shared.model_source import resolve_model
 
     try:
         resolve_model(args.model)
@@ -134,7 +134,7 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
 
     def cmd(module: str, extra: list[str]) -> list[str]:
-        return [sys.executable, "-m", f"services.{module}.main", *common, *extra]
+        return [sys.executable, "-m", f"pagedserve.services.{module}.main", *common, *extra]
 
     num_workers = getattr(args, "workers", 1)
     threads = worker_threads(num_workers, getattr(args, "threads_per_worker", None))

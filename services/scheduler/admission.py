@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from services.scheduler.policy import QueueStats, SchedulingPolicy, TenantQueue
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.policy import QueueStats, SchedulingPolicy, TenantQueue
+from pagedserve.services.scheduler.request import Request
 
 
 def queue_stats(waiting: list[Request], max_waiting_requests: int | None,

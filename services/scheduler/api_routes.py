@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 
-from services.scheduler.request import Request
-from shared.messages import RequestDelta, SubmitRequest
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.messages import RequestDelta, SubmitRequest
 
 REMEMBER_FINISHED = 10_000
 

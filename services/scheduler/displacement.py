@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.policy import SchedulingPolicy
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.policy import SchedulingPolicy
+from pagedserve.services.scheduler.request import Request
 
 
 def pick_displaced(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],

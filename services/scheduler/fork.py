@@ -5,9 +5,9 @@ live child left is aborted.
 
 from __future__ import annotations
 
-from services.scheduler.request import Request, RequestStatus
-from shared.messages import Fork
-from shared.parallel_sampling import child_request_ids, child_sampling
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.shared.messages import Fork
+from pagedserve.shared.parallel_sampling import child_request_ids, child_sampling
 
 
 class ForkGroups:

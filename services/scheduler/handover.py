@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.scheduler.request import Request, RequestStatus
-from shared.messages import RequestDelta
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.shared.messages import RequestDelta
 
 if TYPE_CHECKING:
-    from services.scheduler.scheduler import Scheduler
+    from pagedserve.services.scheduler.scheduler import Scheduler
 
 
 def release_all(sched: Scheduler) -> tuple[list[Request], list[RequestDelta]]:

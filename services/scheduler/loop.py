@@ -14,13 +14,13 @@ import time
 import uuid
 from collections.abc import Callable
 
-from services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
-from services.scheduler.placement import Router
-from services.scheduler.policies.registry import PolicyError, load_policy
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.workers import WorkerLane, WorkerTable
-from shared import redis_io
-from shared.messages import (
+from pagedserve.services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
+from pagedserve.services.scheduler.placement import Router
+from pagedserve.services.scheduler.policies.registry import PolicyError, load_policy
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.workers import WorkerLane, WorkerTable
+from pagedserve.shared import redis_io
+from pagedserve.shared.messages import (
     AbortRequest,
     AllocReply,
     DeltaBatch,
@@ -32,9 +32,9 @@ from shared.messages import (
     SubmitRequest,
     WorkerHello,
 )
-from shared.parallel_sampling import child_request_ids
-from shared.redis_io import Heartbeat
-from shared.streams import HEARTBEAT_TTL_S, Keys
+from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.redis_io import Heartbeat
+from pagedserve.shared.streams import HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.scheduler")
 

@@ -10,9 +10,9 @@ import json
 import logging
 import sys
 
-from shared import redis_io
-from shared.config import ConfigError
-from shared.streams import Keys
+from pagedserve.shared import redis_io
+from pagedserve.shared.config import ConfigError
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.scheduler")
 
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_policy(name: str, options_json: str = "{}"):
     """The installed policy `name` with its options; ConfigError naming the field."""
-    from services.scheduler.policies.registry import configured_policy
+    from pagedserve.services.scheduler.policies.registry import configured_policy
 
     try:
         options = json.loads(options_json)
@@ -76,7 +76,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def check_router(router: str, prefill_weight: float, decode_weight: float) -> None:
-    from services.scheduler.placement import ROUTERS
+    from pagedserve.services.scheduler.placement import ROUTERS
 
     if router not in ROUTERS:
         raise ConfigError(f"invalid config field 'router'={router!r}: one of {', '.join(ROUTERS)}")
@@ -88,9 +88,9 @@ def check_router(router: str, prefill_weight: float, decode_weight: float) -> No
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.scheduler.loop import SchedulerLoop
-    from services.scheduler.placement import Router
-    from services.scheduler.scheduler import Scheduler
+    from pagedserve.services.scheduler.loop import SchedulerLoop
+    from pagedserve.services.scheduler.placement import Router
+    from pagedserve.services.scheduler.scheduler import Scheduler
 
     try:
         redis_io.setup_logging(args.log_level)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.kvstore.block_hash import hash_full_blocks, root_hash
-from shared.messages import KEY_BYTES
+from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
+from pagedserve.shared.messages import KEY_BYTES
 
 ROUTERS = ("prefix", "round-robin")
 PREDICTED_TTL_S = 30.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.request import Request
 
 
 class PolicyError(ValueError):
@@ -95,7 +95,7 @@ def take_options(policy: str, options: dict, defaults: dict[str, float]) -> dict
 def __getattr__(name: str):
     # lazy re-export, avoiding an import cycle
     if name == "FCFSPolicy":
-        from services.scheduler.policies.fcfs import FCFSPolicy
+        from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 
         return FCFSPolicy
     raise AttributeError(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shared.messages import SampledToken, SamplingParams
+from pagedserve.shared.messages import SampledToken, SamplingParams
 
 
 class RequestStatus(enum.Enum):

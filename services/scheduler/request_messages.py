@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.request import Request
-from shared.messages import CachedRequestData, NewRequestData, RequestDelta, SampledToken
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.messages import CachedRequestData, NewRequestData, RequestDelta, SampledToken
 
 
 def new_request_data(request: Request, block_ids: list[int], num_scheduled_tokens: int) -> NewRequestData:

@@ -10,15 +10,20 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from services.scheduler.admission import admission_table, queue_stats
-from services.scheduler.displacement import pick_displaced
-from services.scheduler.fork import ForkGroups
-from services.scheduler.policy import SchedulingPolicy
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_messages import cached_request_data, new_request_data, request_delta, stream_delta
-from services.scheduler.stats import SchedulerCounters, SchedulerStats
-from services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
-from shared.messages import (
+from pagedserve.services.scheduler.admission import admission_table, queue_stats
+from pagedserve.services.scheduler.displacement import pick_displaced
+from pagedserve.services.scheduler.fork import ForkGroups
+from pagedserve.services.scheduler.policy import SchedulingPolicy
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.request_messages import (
+    cached_request_data,
+    new_request_data,
+    request_delta,
+    stream_delta,
+)
+from pagedserve.services.scheduler.stats import SchedulerCounters, SchedulerStats
+from pagedserve.services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
+from pagedserve.shared.messages import (
     ALLOC_NOT_ADMITTED,
     ALLOC_OK,
     ALLOC_PREEMPTED,

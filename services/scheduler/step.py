@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.request import Request
-from shared.messages import AllocCandidate, SampledToken, StepResult
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.messages import AllocCandidate, SampledToken, StepResult
 
 LONG_PREFILL_CONTEXT = 2048  # context up to which a chunk may take the whole threshold
 MIN_PREFILL_CHUNK = 16

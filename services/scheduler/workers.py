@@ -11,14 +11,14 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.scheduler.admission import admission_table, queue_stats
-from services.scheduler.api_routes import final_delta
-from services.scheduler.handover import adopt, release_all
-from services.scheduler.placement import Candidate, Router, block_keys
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.scheduler import Scheduler
-from shared.messages import AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
-from shared.parallel_sampling import child_request_ids
+from pagedserve.services.scheduler.admission import admission_table, queue_stats
+from pagedserve.services.scheduler.api_routes import final_delta
+from pagedserve.services.scheduler.handover import adopt, release_all
+from pagedserve.services.scheduler.placement import Candidate, Router, block_keys
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.messages import AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.parallel_sampling import child_request_ids
 
 log = logging.getLogger("pagedserve.scheduler")
 

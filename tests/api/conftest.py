@@ -1,4 +1,4 @@
-"""Real api processes for the api tests: `python -m services.api.main` on a free port.
+"""Real api processes for the api tests: `python -m pagedserve.services.api.main` on a free port.
 
 `api_alone` runs an api (with an API key) on a fresh prefix and no back-end at all: enough
 for validation, auth, REST bookkeeping and the abort messages a client leaving produces.
@@ -20,8 +20,8 @@ import openai
 import pytest
 import redis
 
-from shared.codec import unpack
-from shared.streams import FIELD, Keys
+from pagedserve.shared.codec import unpack
+from pagedserve.shared.streams import FIELD, Keys
 from tests.services.conftest import REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
 from tests.waiting import stop_process
 
@@ -44,7 +44,7 @@ class ApiProcess:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"api-{self.port}-{uuid.uuid4().hex[:4]}.log"
-        cmd = [sys.executable, "-m", "services.api.main", "--port", str(self.port), "--prefix", prefix,
+        cmd = [sys.executable, "-m", "pagedserve.services.api.main", "--port", str(self.port), "--prefix", prefix,
                "--redis-url", redis_url, *(args or [])]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("PAGEDSERVE_API_KEY", None)

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import redis
 from fastapi.testclient import TestClient
 
-from services.api.app import ApiConfig, create_app
-from services.api.inputs import ModelInfo
-from shared.codec import pack, unpack
-from shared.messages import AbortRequest, DeltaBatch, RequestDelta, SubmitRequest
-from shared.parallel_sampling import child_request_ids
-from shared.streams import FIELD, Keys
-from shared.tokenizer import load_tokenizer
+from pagedserve.services.api.app import ApiConfig, create_app
+from pagedserve.services.api.inputs import ModelInfo
+from pagedserve.shared.codec import pack, unpack
+from pagedserve.shared.messages import AbortRequest, DeltaBatch, RequestDelta, SubmitRequest
+from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.streams import FIELD, Keys
+from pagedserve.shared.tokenizer import load_tokenizer
 from tests.services.conftest import REDIS_URL, wait_for
 
 TEXT = " The quick brown fox jumps over the lazy dog, and then it runs far away into the green forest."

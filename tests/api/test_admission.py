@@ -4,11 +4,11 @@ per-tenant answers are honoured; this api's own burst counts against the bound."
 
 import pytest
 
-from services.api.admission import AdmissionGate, RequestLimits, check_limits
-from services.api.protocol import ApiError
-from services.scheduler.admission import admission_table, queue_stats
-from services.scheduler.policies.fair import FairPolicy
-from services.scheduler.policies.fcfs import FCFSPolicy
+from pagedserve.services.api.admission import AdmissionGate, RequestLimits, check_limits
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.services.scheduler.admission import admission_table, queue_stats
+from pagedserve.services.scheduler.policies.fair import FairPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from tests.scheduler.fakes import make_request
 
 

@@ -24,7 +24,7 @@ def test_bench_serve_measures_the_stack(stack_api, tmp_path):
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps(WORKLOAD))
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "serve", "--url", stack_api.base_url,
+    proc = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "bench", "serve", "--url", stack_api.base_url,
                            "--workload", str(workload), "--request-rate", "20", "--max-concurrency", "4",
                            "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.api import openai_format as fmt
-from services.api.generation import Output
-from services.api.inputs import Prepared
-from shared.messages import SamplingParams
+from pagedserve.services.api import openai_format as fmt
+from pagedserve.services.api.generation import Output
+from pagedserve.services.api.inputs import Prepared
+from pagedserve.shared.messages import SamplingParams
 
 TEXTS = ["hello", " world", "", 'say "hi"\\n', "a\nb\tc", "é中文😀", "\ue000", "</s>", "\x00\x1f"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-from services.api.dashboard_snapshot import build_snapshot
+from pagedserve.services.api.dashboard_snapshot import build_snapshot
 
 
 def test_snapshot_of_full_blobs():

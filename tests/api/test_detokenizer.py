@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.api.detokenizer import Detokenizer, IncrementalDecoder, StopStringMatcher
+from pagedserve.services.api.detokenizer import Detokenizer, IncrementalDecoder, StopStringMatcher
 
 MULTIBYTE = "Hello 😀 世界 ok 🎉🎉 naïve x👩‍👩‍👧y"
 _ALPHABET = st.sampled_from(list("ab c.,\n") + ["é", "世", "界", "😀", "🎉", "ї", " the", "STOP"])

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import websockets
 
-from shared.messages import AbortRequest, SubmitRequest
-from shared.streams import Keys
+from pagedserve.shared.messages import AbortRequest, SubmitRequest
+from pagedserve.shared.streams import Keys
 from tests.api.conftest import API_KEY
 from tests.api.inprocess import Responder, ServedApi
 from tests.api.test_inputs import BAD_BODIES

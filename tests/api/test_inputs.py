@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from services.api.inputs import ModelInfo, prepare
-from services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
-from shared.model_source import SMOLLM2_NAMES
+from pagedserve.services.api.inputs import ModelInfo, prepare
+from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_body
+from pagedserve.shared.model_source import SMOLLM2_NAMES
 
 INFO = ModelInfo(served_name="smollm2", max_model_len=8192, vocab_size=49152,
                  aliases={n.lower() for n in SMOLLM2_NAMES})
@@ -144,7 +144,7 @@ def test_unknown_fields_are_ignored(tokenizer):
 
 
 def test_n_choices_up_to_max_n(tokenizer):
-    from services.api.inputs import MAX_N
+    from pagedserve.services.api.inputs import MAX_N
 
     body = parse_body(json.dumps({"prompt": "hi", "n": 3, "seed": 5, "temperature": 0.7}).encode())
     sampling = prepare(body, tokenizer, INFO).sampling  # every route serves up to MAX_N choices
@@ -156,7 +156,7 @@ def test_n_choices_up_to_max_n(tokenizer):
 
 
 def test_cache_salt_is_bounded_and_prepared(tokenizer):
-    from services.api.inputs import MAX_CACHE_SALT_CHARS
+    from pagedserve.services.api.inputs import MAX_CACHE_SALT_CHARS
 
     assert _prepare(tokenizer, {"prompt": "hi"}).cache_salt == ""  # none: shared with every unsalted request
     salt = "s" * MAX_CACHE_SALT_CHARS

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from shared.streams import Keys
+from pagedserve.shared.streams import Keys
 from tests.api.inprocess import Responder, api_client
 from tests.services.conftest import delete_prefix
 

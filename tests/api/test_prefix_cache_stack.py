@@ -11,9 +11,9 @@ import json
 import httpx
 import pytest
 
-from services.engine import Engine
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 from tests.api.conftest import API_KEY
 from tests.services.conftest import wait_for
 

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from shared.streams import Keys
+from pagedserve.shared.streams import Keys
 from tests.api.inprocess import Responder, api_client, expected_text, wait_status
 from tests.services.conftest import delete_prefix, wait_for
 

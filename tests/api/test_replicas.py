@@ -8,7 +8,7 @@ import uuid
 
 import httpx
 
-from shared.streams import Keys
+from pagedserve.shared.streams import Keys
 from tests.api.conftest import ApiProcess, free_port
 from tests.api.inprocess import Responder, expected_text
 from tests.services.conftest import delete_prefix, wait_for

@@ -17,9 +17,9 @@ import json
 import pytest
 import websockets
 
-from services.engine import Engine
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 from tests.services.conftest import wait_for
 
 pytestmark = pytest.mark.slow

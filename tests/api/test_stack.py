@@ -18,9 +18,9 @@ import httpx
 import pytest
 import websockets
 
-from services.engine import Engine
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 from tests.api.test_inputs import BAD_BODIES
 from tests.services.conftest import wait_for
 

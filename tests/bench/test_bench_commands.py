@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _bench(*argv: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", *argv], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "bench", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -46,7 +46,7 @@ def test_latency_in_process(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
-    from services.gpu_worker.kernels import cpu_extensions
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps([{"prompt_token_ids": [600 + i for i in range(n)], "max_tokens": 6}

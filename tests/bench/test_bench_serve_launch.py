@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from shared.tokenizer import load_tokenizer
+from pagedserve.shared.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_launch_serves_the_model_asked_for_and_reports_cpu_per_step(tiny_model, 
     workload.write_text(json.dumps([{"prompt_token_ids": [500 + i for i in range(n)], "max_tokens": m}
                                     for n, m in [(9, 6), (30, 5), (17, 4)]]))
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "serve", "--launch", "--model", str(tiny_model),
+    proc = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "bench", "serve", "--launch", "--model", str(tiny_model),
                            "--workload", str(workload), "--dtype", "float32", "--baseline", "inprocess",
                            "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""services.bench.http_stream against a real socket server that answers in awkward pieces."""
+"""pagedserve.services.bench.http_stream against a real socket server that answers in awkward pieces."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.bench.http_stream import StreamError, post_sse
+from pagedserve.services.bench.http_stream import StreamError, post_sse
 
 EVENTS = [b'{"i":0,"text":"a"}', b'{"i":1,"text":"b\\nc"}', b"[DONE]"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.named_workloads import random_mix
+from pagedserve.services.bench.named_workloads import random_mix
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def _run(site: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_named_workload_loads_from_an_installed_copy(installed, tmp_path):
-    code = ("import json, services; from services.bench.workloads import load_workload; "
+    code = ("import json; import pagedserve.services as services; from pagedserve.services.bench.workloads import load_workload; "
             "w = load_workload('random-64'); "
             "print(json.dumps([services.__file__, len(w), [r.max_tokens for r in w], w[0].prompt_token_ids]))")
     proc = _run(installed, tmp_path, "-c", code)
@@ -61,7 +61,7 @@ def test_named_workload_loads_from_an_installed_copy(installed, tmp_path):
 @pytest.mark.slow
 def test_bench_serve_takes_a_named_workload_from_an_installed_copy(installed, tmp_path):
     out = tmp_path / "report.json"
-    proc = _run(installed, tmp_path, "-m", "services.cli", "bench", "serve", "--url",
+    proc = _run(installed, tmp_path, "-m", "pagedserve.services.cli", "bench", "serve", "--url",
                 f"http://127.0.0.1:{_closed_port()}", "--workload", "random-64", "--output", str(out))
     assert out.exists(), proc.stdout + proc.stderr  # exit status 1: every request failed
     [row] = json.loads(out.read_text())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from services.bench.report import latency_summary, percentile, throughput_fields
-from services.bench.serve import summarize
-from services.bench.serve_client import RequestRecord
+from pagedserve.services.bench.report import latency_summary, percentile, throughput_fields
+from pagedserve.services.bench.serve import summarize
+from pagedserve.services.bench.serve_client import RequestRecord
 
 
 def test_percentile_interpolates_linearly():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from services.bench.serve_client import RequestRecord, _has_text, _Tally
+from pagedserve.services.bench.serve_client import RequestRecord, _has_text, _Tally
 
 
 def _chunk(text: str | None, usage: dict | None = None, spaced: bool = False) -> bytes:

@@ -21,7 +21,7 @@ START_TIMEOUT_S = 240.0
 def pagedserve_argv() -> list[str]:
     """The installed console script if on PATH, else the module."""
     script = shutil.which("pagedserve")
-    return [script] if script else [sys.executable, "-m", "services.cli"]
+    return [script] if script else [sys.executable, "-m", "pagedserve.services.cli"]
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 
-from services.launcher.api_replicas import api_replicas, port_taken
-from services.launcher.up import add_arguments, service_commands
+from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
+from pagedserve.services.launcher.up import add_arguments, service_commands
 from tests.cli.helpers import REPO, base_env, pagedserve_argv
 
 
@@ -39,7 +39,7 @@ def test_up_on_a_busy_port_fails_at_once():
 def test_api_on_a_busy_port_exits_before_loading_anything():
     with _listener() as sock:
         port = sock.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "services.api.main", "--port", str(port)], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "pagedserve.services.api.main", "--port", str(port)], cwd=REPO,
                               env=base_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "another server" in proc.stderr

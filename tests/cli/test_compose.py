@@ -22,7 +22,7 @@ import pytest
 import redis
 import yaml
 
-from services.launcher.supervisor import Child, Supervisor
+from pagedserve.services.launcher.supervisor import Child, Supervisor
 from tests.cli.helpers import REDIS_URL, REPO, START_TIMEOUT_S, base_env, chat_once, free_port, pagedserve_argv, ready
 from tests.waiting import wait_for
 

@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from services.launcher import up
-from shared.config import ConfigError
+from pagedserve.services.launcher import up
+from pagedserve.shared.config import ConfigError
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine import Engine, GenerationOutput
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine, GenerationOutput
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine import Engine
-from shared.config import ConfigError, EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine
+from pagedserve.shared.config import ConfigError, EngineConfig
+from pagedserve.shared.messages import SamplingParams
 
 PROMPT = [1, 504, 3458, 282, 253, 1345, 30]  # any valid token ids: greedy, ignore_eos
 LONG = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -51,7 +51,7 @@ def test_the_configured_policy_orders_the_engine():
 
 
 def test_bench_throughput_takes_the_policy(capsys):
-    from services.cli import command_parser, main
+    from pagedserve.services.cli import command_parser, main
 
     parser, _module = command_parser("bench")
     args = parser.parse_args(["throughput", "--policy", "sjf", "--policy-options", '{"aging": 2}'])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine import Engine
-from shared.config import EngineConfig
-from shared.messages import SamplingParams
+from pagedserve.services.engine import Engine
+from pagedserve.shared.config import EngineConfig
+from pagedserve.shared.messages import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.gpu_worker.attention import get_backend, torch_paged
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.reference import ReferenceBackend
-from services.gpu_worker.attention.torch_paged import TorchPagedBackend
+from pagedserve.services.gpu_worker.attention import get_backend, torch_paged
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
+from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
 
 # bf16 outputs are within a few bf16 ulps of values of magnitude up to ~3
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
@@ -124,7 +124,7 @@ def test_bf16_kernel_over_block_sizes_head_dims_and_groups(block_size, head_dim,
 
 
 def _prefill_kernel_supported() -> bool:
-    from services.gpu_worker.kernels import cpu_extensions
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
     module = cpu_extensions.load("prefill")
     return module is not None and module.supported()
@@ -134,7 +134,7 @@ def _prefill_kernel_supported() -> bool:
 def prefill_walk(request):
     """The prefill kernel's vdpbf16ps walk, then its AMX walk (skipped where AMX cannot run;
     without AVX-512 BF16 the first leaves the prefills to SDPA)."""
-    from services.gpu_worker.kernels import cpu_extensions
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
     module = cpu_extensions.load("prefill")
     usable = module is not None and module.supported()

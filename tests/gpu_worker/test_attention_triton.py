@@ -28,7 +28,7 @@ ROWS_PER_TILE = 64  # triton_paged.ROWS_PER_TILE, not imported here so that trit
 
 
 def _backend():
-    from services.gpu_worker.attention.triton_paged import TritonPagedBackend
+    from pagedserve.services.gpu_worker.attention.triton_paged import TritonPagedBackend
 
     return TritonPagedBackend()
 

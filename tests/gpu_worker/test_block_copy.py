@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from services.gpu_worker.attention.block_copy import copy_blocks
+from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
 
 
 def make_layers(num_layers=3, num_blocks=6, dtype=torch.float32):

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _build(cache: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PAGEDSERVE_CPU_KERNELS": "1"}
-    return subprocess.run([sys.executable, "-m", "services.cli", "build-kernels", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "build-kernels", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -37,14 +37,14 @@ def test_build_then_cached(tmp_path):
 
 def test_kernels_off_builds_nothing(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "PAGEDSERVE_CPU_KERNELS": "0"}
-    out = subprocess.run([sys.executable, "-m", "services.cli", "build-kernels"], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "build-kernels"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "CPU kernels are off (PAGEDSERVE_CPU_KERNELS=0): nothing to build\n"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_stamp_from_another_build_is_not_cached(tmp_path, monkeypatch):
-    from services.gpu_worker.kernels import cpu_extensions
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert not cpu_extensions.is_built("fused")

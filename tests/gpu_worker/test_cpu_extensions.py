@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
-LOAD = "from services.gpu_worker.kernels import cpu_extensions as c; print(c.load('fused') is not None)"
+LOAD = "from pagedserve.services.gpu_worker.kernels import cpu_extensions as c; print(c.load('fused') is not None)"
 
 
 @pytest.mark.skipif(cpu_extensions.load("fused") is None, reason="the C++ kernels could not be built here")

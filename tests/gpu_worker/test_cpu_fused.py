@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.kernels import cpu_extensions
-from services.gpu_worker.model.llama import RMSNorm
-from services.gpu_worker.model.rotary_embedding import _rotate
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.model.llama import RMSNorm
+from pagedserve.services.gpu_worker.model.rotary_embedding import _rotate
 
 fused = cpu_extensions.load("fused")
 pytestmark = pytest.mark.skipif(fused is None, reason="the C++ kernels could not be built here")
@@ -110,8 +110,8 @@ def test_argmax_rows_is_torch_max_indices_first_on_ties():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_write_kv_is_rotary_then_write_kv(dtype):
-    from services.gpu_worker.attention.metadata import AttentionMetadata
-    from services.gpu_worker.attention.reference import ReferenceBackend
+    from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+    from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 
     num_tokens, heads, kv_heads, dim, block_size = 6, 9, 3, 64, 4
     qkv = _rand(num_tokens, (heads + 2 * kv_heads) * dim, seed=10, dtype=dtype)

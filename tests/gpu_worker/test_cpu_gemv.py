@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.kernels import cpu_extensions
-from services.gpu_worker.model import gguf_blocks
-from services.gpu_worker.model.linear import PackedLinear
-from services.gpu_worker.model.llama import build_model
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.model.linear import PackedLinear
+from pagedserve.services.gpu_worker.model.llama import build_model
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
 gemv = cpu_extensions.load("gemv")

@@ -1,4 +1,4 @@
-"""The GGUF's quantized blocks (services.gpu_worker.model.gguf_blocks): SmolLM2's dequantize bit for
+"""The GGUF's quantized blocks (pagedserve.services.gpu_worker.model.gguf_blocks): SmolLM2's dequantize bit for
 bit to the loaded float32 weights, and the packed layouts the few-row kernels read."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.model import gguf_blocks
-from services.gpu_worker.model.weights import load_weights
+from pagedserve.services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.model.weights import load_weights
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
 
@@ -63,7 +63,7 @@ def test_packing_refuses_shapes_the_kernels_cannot_tile():
 
 
 def test_the_gguf_is_parsed_once_per_file_version(smollm2):
-    from services.gpu_worker.model.weights import open_gguf, resolve_model
+    from pagedserve.services.gpu_worker.model.weights import open_gguf, resolve_model
 
     path = resolve_model("smollm2")
     assert open_gguf(path) is open_gguf(path)  # the state dict and both block kinds share it

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.model.linear import PackedLinear, packing_enabled
+from pagedserve.services.gpu_worker.model.linear import PackedLinear, packing_enabled
 
 
 @pytest.mark.parametrize("num_rows", [1, 7, 64, 300])

@@ -11,13 +11,13 @@ import pytest
 import torch
 import transformers
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.reference import ReferenceBackend
-from services.gpu_worker.model.config import ModelConfig
-from services.gpu_worker.model.llama import LlamaForCausalLM, build_model
-from services.gpu_worker.model.weights import load_config, load_weights
-from shared.model_source import SMOLLM2_GGUF_FILE, resolve_model
-from shared.tokenizer import Tokenizer, load_gguf_hf_tokenizer, load_tokenizer
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.llama import LlamaForCausalLM, build_model
+from pagedserve.services.gpu_worker.model.weights import load_config, load_weights
+from pagedserve.shared.model_source import SMOLLM2_GGUF_FILE, resolve_model
+from pagedserve.shared.tokenizer import Tokenizer, load_gguf_hf_tokenizer, load_tokenizer
 
 QUESTION = "What is the capital of France?"
 # a prompt of 40 tokens once templated, for the chunked-prefill case (25 + 15)
@@ -301,7 +301,7 @@ def test_build_model_from_hf_dir_untied_llama3_rope(tmp_path):
 def test_rope_scaling_matches_transformers(scaling):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from services.gpu_worker.model.rotary_embedding import rope_inv_freq
+    from pagedserve.services.gpu_worker.model.rotary_embedding import rope_inv_freq
 
     hf_config = transformers.LlamaConfig(
         hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,

@@ -5,10 +5,10 @@ import math
 
 import torch
 
-from services.gpu_worker.sampling.noise import exponential_noise, seeded_key
-from services.gpu_worker.sampling.penalties import apply_penalties
-from services.gpu_worker.sampling.sampler import sample
-from shared.messages import SamplingParams
+from pagedserve.services.gpu_worker.sampling.noise import exponential_noise, seeded_key
+from pagedserve.services.gpu_worker.sampling.penalties import apply_penalties
+from pagedserve.services.gpu_worker.sampling.sampler import sample
+from pagedserve.shared.messages import SamplingParams
 
 V = 64
 
@@ -104,7 +104,7 @@ def test_logprobs_are_the_models_before_penalties_and_temperature():
 
 
 def test_greedy_tokens_reads_bf16_or_float_logits_alike():
-    from services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy
+    from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy
 
     logits = torch.randn(9, 500, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     assert greedy_tokens(logits) == greedy_tokens(logits.float()) == logits.float().argmax(dim=1).tolist()

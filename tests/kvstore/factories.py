@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.kvstore.block_manager import BlockManager
-from shared.messages import AllocCandidate, AllocReply, AllocRequest
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import AllocCandidate, AllocReply, AllocRequest
 
 
 def make_manager(num_blocks: int = 8, block_size: int = 4, prefix: bool = False,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocRequest
+from pagedserve.shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocRequest
 from tests.kvstore.factories import make_manager, running, statuses, step, waiting
 
 OK, PREEMPTED, NOT_ADMITTED = ALLOC_OK, ALLOC_PREEMPTED, ALLOC_NOT_ADMITTED

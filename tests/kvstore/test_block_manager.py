@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.kvstore.block_manager import BlockManager
+from pagedserve.services.kvstore.block_manager import BlockManager
 from tests.kvstore.factories import make_manager
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.kvstore.block_manager import BlockManager
-from services.kvstore.block_map import CACHED, REF_MAX, block_map, block_states, summarize
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.services.kvstore.block_map import CACHED, REF_MAX, block_map, block_states, summarize
 
 BLOCK = 4
 

@@ -3,7 +3,7 @@ every child; a child's first token into the shared partial last block gets it a 
 
 import pytest
 
-from shared.messages import ALLOC_OK, ALLOC_PREEMPTED, AllocRequest, Fork
+from pagedserve.shared.messages import ALLOC_OK, ALLOC_PREEMPTED, AllocRequest, Fork
 from tests.kvstore.factories import make_manager, prompt, running, statuses, step, waiting
 
 TOKENS = prompt(1, 2, extra=2)  # 10 tokens: blocks "1", "2" and a partial [900, 901]

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.kvstore.block import KVBlock
-from services.kvstore.free_queue import FreeQueue
+from pagedserve.services.kvstore.block import KVBlock
+from pagedserve.services.kvstore.free_queue import FreeQueue
 
 
 def make_queue(num_blocks: int) -> tuple[FreeQueue, list[KVBlock]]:

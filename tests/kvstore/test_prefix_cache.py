@@ -3,9 +3,9 @@
 import hashlib
 import struct
 
-from services.kvstore.block_hash import ROOT_HASH, hash_block, hash_full_blocks, root_hash
-from services.kvstore.block_manager import BlockManager
-from shared.messages import ALLOC_OK, ALLOC_PREEMPTED
+from pagedserve.services.kvstore.block_hash import ROOT_HASH, hash_block, hash_full_blocks, root_hash
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import ALLOC_OK, ALLOC_PREEMPTED
 from tests.kvstore.factories import make_manager, prompt, running, statuses, step, waiting
 
 

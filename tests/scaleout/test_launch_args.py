@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from services.bench.named_workloads import WORKLOADS
-from services.gpu_worker import main as worker_main
-from services.launcher import up
-from services.scheduler import main as scheduler_main
-from shared.config import ConfigError
+from pagedserve.services.bench.named_workloads import WORKLOADS
+from pagedserve.services.gpu_worker import main as worker_main
+from pagedserve.services.launcher import up
+from pagedserve.services.scheduler import main as scheduler_main
+from pagedserve.shared.config import ConfigError
 
 REDIS = "redis://127.0.0.1:6379/0"
 

@@ -7,9 +7,16 @@ import time
 
 import pytest
 
-from services.kvstore.block_manager import BlockManager
-from services.scheduler.placement import PREDICTED_TTL_S, Candidate, PrefixIndex, Router, block_keys, split_keys
-from shared.messages import AllocCandidate, AllocRequest
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.services.scheduler.placement import (
+    PREDICTED_TTL_S,
+    Candidate,
+    PrefixIndex,
+    Router,
+    block_keys,
+    split_keys,
+)
+from pagedserve.shared.messages import AllocCandidate, AllocRequest
 
 BS = 4
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.streams import Keys
+from pagedserve.shared.streams import Keys
 from tests.cli.helpers import REDIS_URL, START_TIMEOUT_S, base_env, free_port, pagedserve_argv, wait_for
 from tests.services.conftest import delete_prefix
 from tests.waiting import stop_process

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.api.metrics import ApiMetrics
+from pagedserve.services.api.metrics import ApiMetrics
 
 SNAPSHOT = {
     "scheduler": {"num_requests_running": 3, "num_requests_waiting": 1, "generation_tokens_total": 10,

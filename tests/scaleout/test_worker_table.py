@@ -5,11 +5,11 @@ same tokens (the fake worker's tokens depend only on request and position)."""
 
 from __future__ import annotations
 
-from services.scheduler.placement import Router
-from services.scheduler.policy import FCFSPolicy
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.workers import WorkerTable
-from shared.messages import WorkerHello
+from pagedserve.services.scheduler.placement import Router
+from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.workers import WorkerTable
+from pagedserve.shared.messages import WorkerHello
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step
 from tests.scheduler.outcomes import outputs_by_request
 

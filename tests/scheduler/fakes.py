@@ -13,10 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.scheduler.policy import FCFSPolicy
-from services.scheduler.request import Request
-from services.scheduler.scheduler import Scheduler
-from shared.messages import (
+from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.messages import (
     ALLOC_NOT_ADMITTED,
     ALLOC_OK,
     ALLOC_PREEMPTED,

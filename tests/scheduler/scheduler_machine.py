@@ -19,9 +19,9 @@ from collections import deque
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from services.scheduler.policy import FCFSPolicy
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.scheduler import Scheduler
 from tests.scheduler.fakes import (
     EOS,
     CountingAllocator,

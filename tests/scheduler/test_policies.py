@@ -2,11 +2,11 @@
 
 import pytest
 
-from services.scheduler.policies.fair import FairPolicy
-from services.scheduler.policies.fcfs import FCFSPolicy
-from services.scheduler.policies.priority import PriorityPolicy
-from services.scheduler.policies.sjf import SJFPolicy, expected_work
-from services.scheduler.policy import PolicyError, QueueStats, TenantQueue
+from pagedserve.services.scheduler.policies.fair import FairPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
+from pagedserve.services.scheduler.policies.priority import PriorityPolicy
+from pagedserve.services.scheduler.policies.sjf import SJFPolicy, expected_work
+from pagedserve.services.scheduler.policy import PolicyError, QueueStats, TenantQueue
 from tests.scheduler.fakes import make_request
 
 

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scheduler.policy import FCFSPolicy, SchedulingPolicy
+from pagedserve.services.scheduler.policy import FCFSPolicy, SchedulingPolicy
 from tests.scheduler.fakes import make_request
 
 

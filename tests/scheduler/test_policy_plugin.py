@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.policies.registry import installed_policies, load_policy
-from services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.policies.registry import installed_policies, load_policy
+from pagedserve.services.scheduler.scheduler import Scheduler
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step
 from tests.services.conftest import ServiceStack, wait_for
 
@@ -39,7 +39,7 @@ def lifo_installed(tmp_path_factory):
 
 
 def test_pagedserve_policies_lists_the_plugin_beside_the_built_ins(lifo_installed):
-    out = subprocess.run([sys.executable, "-m", "services.cli", "policies", "--json"], cwd=REPO, check=True,
+    out = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "policies", "--json"], cwd=REPO, check=True,
                          capture_output=True, text=True, timeout=60, env=_env(lifo_installed)).stdout
     listed = {p["name"]: p for p in map(json.loads, out.splitlines())}
     assert set(listed) >= {"fcfs", "priority", "sjf", "fair", "lifo"}

@@ -5,11 +5,11 @@ swapping the policy between steps under load."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policies.fair import FairPolicy
-from services.scheduler.policies.fcfs import FCFSPolicy
-from services.scheduler.policies.priority import PriorityPolicy
-from services.scheduler.policies.sjf import SJFPolicy
-from services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.policies.fair import FairPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
+from pagedserve.services.scheduler.policies.priority import PriorityPolicy
+from pagedserve.services.scheduler.policies.sjf import SJFPolicy
+from pagedserve.services.scheduler.scheduler import Scheduler
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step, run_until_done, token_at
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 

@@ -3,7 +3,7 @@ import weakref
 
 import pytest
 
-from services.scheduler.request import RequestStatus
+from pagedserve.services.scheduler.request import RequestStatus
 from tests.scheduler.fakes import EOS, make_request
 
 

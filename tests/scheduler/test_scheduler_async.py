@@ -10,9 +10,9 @@ from collections import deque
 
 import pytest
 
-from services.kvstore.block_manager import BlockManager
-from shared.messages import AllocCandidate, CachedRequestData
-from shared.parallel_sampling import child_request_ids
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import AllocCandidate, CachedRequestData
+from pagedserve.shared.parallel_sampling import child_request_ids
 from tests.scheduler.fakes import (
     EOS,
     FakeWorker,

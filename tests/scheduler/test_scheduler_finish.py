@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 
-from shared.messages import RequestDelta, StepResult
+from pagedserve.shared.messages import RequestDelta, StepResult
 from tests.scheduler.fakes import EOS, make_request, make_stack, run_step, run_until_done, token_at
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 

@@ -1,8 +1,8 @@
 """n > 1 in the scheduler with the real BlockManager: the prompt is prefilled once, then
 forked into n children that share its blocks (copy-on-write for the partial last one)."""
 
-from services.kvstore.block_manager import BlockManager
-from shared.messages import ALLOC_OK, AllocResult, Fork
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import ALLOC_OK, AllocResult, Fork
 from tests.scheduler.fakes import FakeWorker, make_request, make_stack, run_step, run_until_done, token_at
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 

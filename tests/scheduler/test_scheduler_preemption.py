@@ -2,10 +2,10 @@
 
 import pytest
 
-from services.scheduler.policy import SchedulingPolicy
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.scheduler import Scheduler
-from shared.messages import ALLOC_PREEMPTED
+from pagedserve.services.scheduler.policy import SchedulingPolicy
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.messages import ALLOC_PREEMPTED
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, make_stack, run_step, run_until_done
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 

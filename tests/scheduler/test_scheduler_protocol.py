@@ -2,8 +2,8 @@
 
 import pytest
 
-from services.scheduler.request import Request
-from shared.messages import ALLOC_OK, AllocReply, AllocResult, SampledToken, SamplingParams, StepResult
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.messages import ALLOC_OK, AllocReply, AllocResult, SampledToken, SamplingParams, StepResult
 from tests.scheduler.fakes import make_request, make_stack
 
 

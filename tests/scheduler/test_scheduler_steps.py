@@ -1,6 +1,6 @@
 """What one step schedules: budget, decode before prefill, chunks, running limit, cache hits."""
 
-from shared.messages import AllocCandidate, AllocRequest, RequestDelta
+from pagedserve.shared.messages import AllocCandidate, AllocRequest, RequestDelta
 from tests.scheduler.fakes import make_request, make_stack, run_step, token_at
 
 

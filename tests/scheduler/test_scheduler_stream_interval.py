@@ -3,8 +3,8 @@ at once, with nothing lost, repeated or reordered (logprobs included)."""
 
 import pytest
 
-from services.scheduler.api_routes import request_from_submit
-from shared.messages import SamplingParams, SubmitRequest
+from pagedserve.services.scheduler.api_routes import request_from_submit
+from pagedserve.shared.messages import SamplingParams, SubmitRequest
 from tests.scheduler.fakes import (
     EOS,
     make_request,

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import HealthCheck, settings
 
-from services.kvstore.block_manager import BlockManager
-from shared.messages import RequestDelta
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.messages import RequestDelta
 from tests.scheduler.fakes import FakeWorker, make_request, make_stack, run_step, run_until_done, token_at
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 from tests.scheduler.scheduler_machine import BLOCK_SIZE, AsyncSchedulerMachine, SchedulerMachine

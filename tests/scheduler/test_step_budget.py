@@ -4,7 +4,7 @@ the waiting requests. Pure: Request objects and the step builder, no stack."""
 
 import pytest
 
-from services.scheduler.step import build_candidates, prefill_chunk_cap
+from pagedserve.services.scheduler.step import build_candidates, prefill_chunk_cap
 from tests.scheduler.fakes import make_request
 
 MAX_MODEL_LEN = 16384

@@ -27,15 +27,15 @@ import msgpack
 import pytest
 import redis
 
-from shared.codec import pack, unpack
-from shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
-from shared.streams import FIELD, Keys
+from pagedserve.shared.codec import pack, unpack
+from pagedserve.shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
+from pagedserve.shared.streams import FIELD, Keys
 from tests.waiting import stop_process, wait_for  # noqa: F401  (wait_for re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-MODULES = {"kvstore": "services.kvstore.main", "worker": "services.gpu_worker.main",
-           "scheduler": "services.scheduler.main"}
+MODULES = {"kvstore": "pagedserve.services.kvstore.main", "worker": "pagedserve.services.gpu_worker.main",
+           "scheduler": "pagedserve.services.scheduler.main"}
 DEFAULT_ARGS = {"kvstore": [], "worker": ["--dtype", "float32", "--num-blocks", "256", "--worker-id", "0"],
                 "scheduler": []}
 START_TIMEOUT_S = 180.0

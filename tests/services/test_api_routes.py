@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
-from shared.messages import RequestDelta, SamplingParams, SubmitRequest
+from pagedserve.services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
+from pagedserve.shared.messages import RequestDelta, SamplingParams, SubmitRequest
 
 
 def test_deltas_are_grouped_per_api_and_finished_requests_forgotten():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from shared import codec
-from shared.messages import (
+from pagedserve.shared import codec
+from pagedserve.shared.messages import (
     VERSION,
     AllocCandidate,
     AllocReply,

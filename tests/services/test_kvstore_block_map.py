@@ -10,11 +10,11 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, CACHED
-from services.kvstore.loop import KvStoreLoop
-from shared import redis_io
-from shared.messages import WorkerHello
-from shared.streams import Keys
+from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, CACHED
+from pagedserve.services.kvstore.loop import KvStoreLoop
+from pagedserve.shared import redis_io
+from pagedserve.shared.messages import WorkerHello
+from pagedserve.shared.streams import Keys
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

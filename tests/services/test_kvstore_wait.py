@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.kvstore import loop as kv_loop
-from services.kvstore.loop import KvStoreLoop
-from shared.streams import Keys
+from pagedserve.services.kvstore import loop as kv_loop
+from pagedserve.services.kvstore.loop import KvStoreLoop
+from pagedserve.shared.streams import Keys
 
 
 @pytest.fixture

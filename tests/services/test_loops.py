@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from shared.messages import SamplingParams
-from shared.streams import FIELD
+from pagedserve.shared.messages import SamplingParams
+from pagedserve.shared.streams import FIELD
 from tests.services.conftest import MODULES, REPO, TestApi, start_backend, wait_for
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,8 @@ def reference(prompt_ids) -> dict[str, list[list[int]]]:
     """The in-process engine's greedy tokens for LONG, and for SHORT the same cut at its
     max_tokens or after the first EOS (greedy picks the same tokens whatever the stopping
     rule). Computed before the stack starts, so the two do not share the CPU."""
-    from services.engine import Engine
-    from shared.config import EngineConfig
+    from pagedserve.services.engine import Engine
+    from pagedserve.shared.config import EngineConfig
 
     engine = Engine(EngineConfig(dtype="float32", num_blocks=256))
     long = [o.token_ids for o in engine.generate(prompt_ids, LONG)]

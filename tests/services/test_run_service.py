@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 STUCK_SERVICE = """
 import asyncio, sys
-from shared import redis_io
+from pagedserve.shared import redis_io
 redis_io.STOP_GRACE_S = 0.5
 
 async def main(stop):

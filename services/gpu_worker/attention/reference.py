@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 
 class ReferenceBackend:

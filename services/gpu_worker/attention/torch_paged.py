@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
 # A new decode bucket opens once the next request would add more padded key positions than this.
 PAD_TOKENS_PER_CALL = 64

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 _LOG2_E = 1.4426950408889634
 # as seen by the triton.jit decorations below: kernels then run on CPU tensors

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from services.gpu_worker.model.weights import (
+from pagedserve.services.gpu_worker.model.weights import (
     _canonical_gguf_name,
     _unpermute_rope_rows,
     find_gguf_in_dir,

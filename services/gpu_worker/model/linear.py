@@ -11,8 +11,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.kernels import cpu_extensions
-from services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.model import gguf_blocks
 
 PACK_BATCH_HINT = 64
 # bf16 rows up to this read a weight's Q8_0 blocks, more its bf16 pairs (int8 widening costs per row).

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
-from services.gpu_worker.kernels import cpu_extensions
-from services.gpu_worker.model import gguf_blocks
-from services.gpu_worker.model.config import ModelConfig
-from services.gpu_worker.model.linear import PackedLinear
-from services.gpu_worker.model.rotary_embedding import RotaryEmbedding
+from pagedserve.services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.linear import PackedLinear
+from pagedserve.services.gpu_worker.model.rotary_embedding import RotaryEmbedding
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
@@ -223,7 +223,7 @@ def canonical_names(config: ModelConfig) -> list[str]:
 
 def build_model(path_or_name: str, dtype: torch.dtype = torch.float32, device=None) -> LlamaForCausalLM:
     """Load weights (GGUF or HF dir, by name or path) into a ready, eval-mode model."""
-    from services.gpu_worker.model.weights import load_weights
+    from pagedserve.services.gpu_worker.model.weights import load_weights
 
     config, state = load_weights(path_or_name)
     model = LlamaForCausalLM(config, dtype=dtype, device=device)

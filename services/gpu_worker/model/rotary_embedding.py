@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

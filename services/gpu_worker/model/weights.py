@@ -12,8 +12,8 @@ import re
 import numpy as np
 import torch
 
-from services.gpu_worker.model.config import ModelConfig
-from shared.model_source import find_gguf_in_dir, resolve_model
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
 
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

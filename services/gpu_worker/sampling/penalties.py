@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.messages import SamplingParams
+from pagedserve.shared.messages import SamplingParams
 
 
 def has_penalty(p: SamplingParams) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.kernels import cpu_extensions
-from services.gpu_worker.sampling.noise import exponential_noise, random_keys, seeded_key
-from services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
-from shared.messages import SampledToken, SamplingParams
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.sampling.noise import exponential_noise, random_keys, seeded_key
+from pagedserve.services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
+from pagedserve.shared.messages import SampledToken, SamplingParams
 
 
 def _apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

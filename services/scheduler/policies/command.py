@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from services.scheduler.policies.registry import installed_policies
+from pagedserve.services.scheduler.policies.registry import installed_policies
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

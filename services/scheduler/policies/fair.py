@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from services.scheduler.policy import QueueStats, SchedulingPolicy, TenantQueue, arrival_key
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.policy import QueueStats, SchedulingPolicy, TenantQueue, arrival_key
+from pagedserve.services.scheduler.request import Request
 
 
 def _num_running(running: list[Request]) -> Counter:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.policy import KeyedPolicy, arrival_key
+from pagedserve.services.scheduler.policy import KeyedPolicy, arrival_key
 
 
 class FCFSPolicy(KeyedPolicy):

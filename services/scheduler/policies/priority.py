@@ -3,8 +3,8 @@ of strictly lower priority (strictly: no ping-pong between equals or back)."""
 
 from __future__ import annotations
 
-from services.scheduler.policy import KeyedPolicy, arrival_key
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.policy import KeyedPolicy, arrival_key
+from pagedserve.services.scheduler.request import Request
 
 
 def _key(request: Request) -> tuple[int, float, int]:

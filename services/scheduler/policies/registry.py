@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from services.scheduler.policy import PolicyError, SchedulingPolicy
-from shared.config import ConfigError
+from pagedserve.services.scheduler.policy import PolicyError, SchedulingPolicy
+from pagedserve.shared.config import ConfigError
 
 GROUP = "pagedserve.policies"
 

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.policy import SchedulingPolicy, arrival_key, take_options
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.policy import SchedulingPolicy, arrival_key, take_options
+from pagedserve.services.scheduler.request import Request
 
 DEFAULT_AGING = 1.0
 

@@ -1,6 +1,6 @@
 """lifo: the latest arrival first (a test plugin for pagedserve's policy entry points)."""
 
-from services.scheduler.policy import SchedulingPolicy, arrival_key
+from pagedserve.services.scheduler.policy import SchedulingPolicy, arrival_key
 
 
 class LIFOPolicy(SchedulingPolicy):
