@@ -1,6 +1,6 @@
-"""Admission at the edge, before any stream opens: per-request limits (400) and the bounded
-waiting queue (429 + Retry-After) from the scheduler's "admission" stats blob, read every
-REFRESH_S. With no table yet everything is admitted.
+"""Admission at the edge, before any stream opens: per-request limits (400, checked by
+inputs.prepare) and the bounded waiting queue (429 + Retry-After) from the scheduler's
+"admission" stats blob, read every REFRESH_S. With no table yet everything is admitted.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def check_limits(limits: RequestLimits, num_prompt_tokens: int, max_tokens: int,
 
 
 class AdmissionGate:
-    def __init__(self, limits: RequestLimits | None = None, clock=time.monotonic) -> None:
-        self.limits = limits or RequestLimits()
+    def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
         self._table: dict | None = None
         self._admitted_since: Counter = Counter()  # per tenant, since the last table

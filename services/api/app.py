@@ -18,13 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedserve.services.api import admin_routes, dashboard_routes, openai_routes, openapi, policy_routes, stream_routes
 from pagedserve.services.api.admission import AdmissionGate, RequestLimits
-from pagedserve.services.api.choices import Choices
 from pagedserve.services.api.edge import ApiState, AuthMiddleware, error_response
 from pagedserve.services.api.inputs import ModelInfo
 from pagedserve.services.api.loop import ApiLoop
 from pagedserve.services.api.metrics import ApiMetrics
 from pagedserve.services.api.protocol import ApiError
 from pagedserve.services.api.readiness import Readiness, ReadyGate
+from pagedserve.services.api.request import ApiRequest
 from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.api")
@@ -38,7 +38,6 @@ class ApiConfig:
     prefix: str = "pagedserve"
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_prompt_tokens: int | None = None  # per-request limits (400 past them); None: the context
     max_output_tokens: int | None = None
     api_id: str | None = None  # the scheduler sends this api's deltas by it: keep it across restarts
@@ -50,14 +49,15 @@ class ApiConfig:
 
 
 def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
-    """The app; its lifespan starts the Redis loop and, on shutdown, aborts what runs here."""
+    """The app; its lifespan starts the Redis loop and, on shutdown, aborts what runs here.
+    info: what it serves, the one source of the context length (main.load_model_info)."""
     metrics = ApiMetrics()
     limits = RequestLimits(config.max_prompt_tokens, config.max_output_tokens)
-    loop = ApiLoop(config.redis_url, Keys(config.prefix), api_id=config.api_id, admission=AdmissionGate(limits),
+    loop = ApiLoop(config.redis_url, Keys(config.prefix), api_id=config.api_id, admission=AdmissionGate(),
                    record_ttl_s=config.record_ttl_s)
     state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
-                     max_body_bytes=config.max_body_bytes, api_key=config.api_key)
-    loop.adopt = lambda request_id, meta, submit: Choices.adopted(state, request_id, meta, submit)
+                     max_body_bytes=config.max_body_bytes, limits=limits, api_key=config.api_key)
+    loop.adopt = lambda request_id, meta, submit: ApiRequest.adopted(state, request_id, meta, submit)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -1,7 +1,7 @@
 """Incremental detokenization and stop strings: token ids in, safe text chunks out.
 
 A chunk never splits a UTF-8 character (no trailing U+FFFD) and never holds any part of a
-stop string (a possible prefix is held back). vLLM-style prefix/read offsets: O(window) per step.
+stop string (a possible prefix is held back). vLLM-style read offset over a window: O(window) per step.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ _REPLACEMENT = "\ufffd"
 
 
 class IncrementalDecoder:
-    """Token ids -> newly completed text, never ending inside a UTF-8 character."""
+    """Token ids -> newly completed text, never ending inside a UTF-8 character. Holds only its
+    window (the last released step as context, then what is not released yet): the tokens
+    themselves are the Generation's."""
 
     def __init__(self, tokenizer, prompt_token_ids: list[int] | None = None, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
@@ -21,30 +23,28 @@ class IncrementalDecoder:
         context = list(prompt_token_ids or [])[-_CONTEXT_TOKENS:]
         if context and _REPLACEMENT in self._decode(context):
             context = []  # a prompt ending inside a character: no context beats a misaligned one
-        self._ids: list[int] = context
-        self._prefix_offset = 0  # start of the window decoded for context
-        self._read_offset = len(context)  # tokens before this were already released
+        self._window: list[int] = context
+        self._read_offset = len(context)  # the window's tokens before this were already released
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def add(self, token_ids: list[int]) -> str:
         """Feed new tokens; returns the text they complete ('' while a character is open)."""
-        self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(self._ids[self._prefix_offset:])
+        self._window.extend(token_ids)
+        prefix_text = self._decode(self._window[:self._read_offset])
+        full_text = self._decode(self._window)
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""  # nothing new, or the last character is still incomplete: wait
-        new_text = full_text[len(prefix_text):]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        return new_text
+        del self._window[:self._read_offset]  # what was released becomes the next step's context
+        self._read_offset = len(self._window)
+        return full_text[len(prefix_text):]
 
     def flush(self) -> str:
         """At the end: whatever is still held (an incomplete character decodes as U+FFFD)."""
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decode(self._ids[self._prefix_offset:])
-        self._prefix_offset = self._read_offset = len(self._ids)
+        prefix_text = self._decode(self._window[:self._read_offset])
+        full_text = self._decode(self._window)
+        self._window, self._read_offset = [], 0
         return full_text[len(prefix_text):] if len(full_text) > len(prefix_text) else ""
 
 
@@ -52,7 +52,7 @@ class StopStringMatcher:
     """Text chunks in, text safe to emit out; reports the first stop string seen."""
 
     def __init__(self, stop: list[str] | None):
-        self.stop = [s for s in (stop or []) if s]
+        self.stop = list(stop or [])  # non-empty: inputs.prepare drops empty ones
         self._held = ""  # text that may be the start of a stop string
         self.stopped = False
 

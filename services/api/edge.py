@@ -1,22 +1,25 @@
-"""What every route shares at the HTTP edge: app state, bounded bodies, errors, auth, disconnects."""
+"""What every route shares at the HTTP edge: app state, bounded bodies, the one validation
+step, errors, auth, and the one disconnect path."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import time
-import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from pagedserve.services.api.generation import Generation
-from pagedserve.services.api.inputs import ModelInfo, Prepared
+from pagedserve.services.api.admission import RequestLimits
+from pagedserve.services.api.inputs import ModelInfo, prepare
 from pagedserve.services.api.loop import ApiLoop
 from pagedserve.services.api.metrics import ApiMetrics
-from pagedserve.services.api.protocol import ApiError
+from pagedserve.services.api.protocol import ApiError, parse_body
+from pagedserve.services.api.request import ApiRequest
 
 CLIENT_GONE = "client disconnected"
 
@@ -28,16 +31,19 @@ class ApiState:
     info: ModelInfo
     metrics: ApiMetrics
     max_body_bytes: int
+    limits: RequestLimits = field(default_factory=RequestLimits)
     api_key: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
 
-    def generation(self, prepared: Prepared, conn: Request | None = None, request_id: str | None = None) -> Generation:
-        """A Generation for a prepared body; `conn` gives the tenant when the body names none."""
-        if prepared.tenant is None and conn is not None:
-            prepared.tenant = tenant_of(conn.headers)
-        prefix = "chatcmpl" if prepared.kind == "chat" else "cmpl"
-        return Generation(self.loop, self.tokenizer, prepared, self.metrics,
-                          request_id or f"{prefix}-{uuid.uuid4().hex}")
+    async def accept(self, raw: bytes | str, conn, cls=None, listen: bool = True) -> ApiRequest:
+        """Every submitting route's edge: parse and validate once (protocol, inputs.prepare), then
+        admit and submit. ApiError means nothing was submitted. `conn` gives the tenant when the
+        body names no user; listen False: nobody streams it from here (REST)."""
+        body = parse_body(raw, cls)
+        request = await asyncio.to_thread(prepare, body, self.tokenizer, self.info, self.limits,
+                                          tenant_of(conn.headers))
+        await request.start(self, listen)
+        return request
 
 
 def tenant_of(headers) -> str | None:
@@ -73,9 +79,26 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def close_on_disconnect(receive, choices) -> None:
-    """The api's one disconnect path: on disconnect (or a WebSocket "abort") abort every choice;
-    choices None: only wait."""
+async def while_connected(receive, request: ApiRequest | None, work: Coroutine, ended: str) -> None:
+    """The api's one disconnect path: `work` runs beside a listener on `receive`. A disconnect
+    aborts `request` (why: CLIENT_GONE) and cancels work; a WebSocket {"type": "abort"} aborts it
+    and work goes on (it sends the finals). However it ends, every sequence still open is
+    aborted with `ended`. request None (an attached follower): a disconnect only stops work."""
+    listener = asyncio.create_task(_listen(receive, request))
+    worker = asyncio.create_task(work)
+    try:
+        await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        listener.cancel()
+        worker.cancel()
+        if request is not None:
+            request.close(ended)
+        await asyncio.gather(listener, worker, return_exceptions=True)
+    if not worker.cancelled():
+        worker.result()  # its error, if it failed
+
+
+async def _listen(receive, request: ApiRequest | None) -> None:
     while True:
         try:
             message = await receive()
@@ -83,11 +106,11 @@ async def close_on_disconnect(receive, choices) -> None:
             return
         kind = message["type"]
         if kind in ("http.disconnect", "websocket.disconnect"):
-            if choices is not None:
-                choices.close(CLIENT_GONE)
+            if request is not None:
+                request.close(CLIENT_GONE)
             return
-        if kind == "websocket.receive" and choices is not None and _wants_abort(message.get("text")):
-            choices.close("aborted by the client")
+        if kind == "websocket.receive" and request is not None and _wants_abort(message.get("text")):
+            request.close("aborted by the client")
 
 
 def _wants_abort(text: str | None) -> bool:

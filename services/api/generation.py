@@ -1,7 +1,7 @@
-"""One sequence's life in the api that writes its record: deltas in, safe text out.
+"""One sequence of a request: its tokens, text and finish as the scheduler's deltas give them,
+queued for whoever streams it here and turned into record events (records.py).
 
-A repeated delta is trimmed by its offset. Whoever listens must `close()` it (try/finally):
-a sequence not finished by then is aborted, so a departed client never leaves blocks behind.
+Its request (request.py) holds what the client asked; a sequence holds only its own state.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pagedserve.services.api.admission import check_limits
 from pagedserve.services.api.detokenizer import Detokenizer
-from pagedserve.services.api.inputs import Prepared
 from pagedserve.services.api.loop import ApiLoop
 from pagedserve.services.api.metrics import ApiMetrics
-from pagedserve.services.api.protocol import ApiError
 from pagedserve.shared.messages import RequestDelta, SampledToken, SubmitRequest
+from pagedserve.shared.parallel_sampling import child_sampling
+
+if TYPE_CHECKING:
+    from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api")
 
@@ -32,35 +34,28 @@ class Output:
     error: str | None = None  # why, for finish_reason "error"
 
 
-def unavailable(error: Exception) -> ApiError:
-    return ApiError(503, f"the server cannot take requests right now: {error}", code="unavailable",
-                    type="service_unavailable")
-
-
 class Generation:
-    def __init__(self, loop: ApiLoop, tokenizer, prepared: Prepared, metrics: ApiMetrics, request_id: str,
-                 record_id: str | None = None, index: int = 0):
+    def __init__(self, request: ApiRequest, index: int, sequence_id: str, loop: ApiLoop, tokenizer,
+                 metrics: ApiMetrics, listen: bool = True):
+        self.request = request
+        self.index = index
+        self.sequence_id = sequence_id  # its id at the scheduler (n == 1: the request's)
+        self.sampling = child_sampling(request.sampling, index)  # n=1, seed + index
         self.loop = loop
         self.tokenizer = tokenizer
-        self.prepared = prepared
         self.metrics = metrics
-        self.request_id = request_id  # the sequence's id at the scheduler
-        self.record_id = record_id or request_id  # the request's (n > 1: the parent's)
-        self.index = index
-        self.created = int(time.time())
         self._text_parts: list[str] = []
         self.num_chars = 0  # len(self.text), without joining
         self.token_ids: list[int] = []
         self.logprobs: list[SampledToken] = []
         self.finish_reason: str | None = None
         self.why: str | None = None  # what ended it, for logs and callers ("client disconnected", ...)
-        self.num_prompt_tokens = len(prepared.prompt_token_ids)
+        self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_cached_tokens = 0
-        self._detok = Detokenizer(tokenizer, prepared.prompt_token_ids, prepared.stop)
-        self.outputs: asyncio.Queue | None = asyncio.Queue()  # None: nobody listens here (REST)
+        self._detok = Detokenizer(tokenizer, request.prompt_token_ids, request.stop)
+        self.outputs: asyncio.Queue | None = asyncio.Queue() if listen else None  # None: nobody listens here
         self._arrival = time.monotonic()
         self._last_token_time: float | None = None
-        self.first_token_time: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -73,10 +68,6 @@ class Generation:
             self._text_parts[:] = ["".join(self._text_parts)]
         return self._text_parts[0] if self._text_parts else ""
 
-    @property
-    def started(self) -> bool:
-        return self.first_token_time is not None
-
     def usage(self) -> dict:
         usage = {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": len(self.token_ids),
                  "total_tokens": self.num_prompt_tokens + len(self.token_ids)}
@@ -84,44 +75,29 @@ class Generation:
             usage["prompt_tokens_details"] = {"cached_tokens": self.num_cached_tokens}
         return usage
 
-    def check_admission(self) -> None:
-        """ApiError(400) past a per-request limit, 429 when the queue is closed to this tenant."""
-        p = self.prepared
-        admission = self.loop.admission
-        check_limits(admission.limits, len(p.prompt_token_ids), p.sampling.max_tokens,
-                     "messages" if p.kind == "chat" else "prompt")
-        admission.check(p.tenant)
-
     def submit_message(self) -> SubmitRequest:
         """Its submission; with the tokens it has so far (a resubmission resumes there)."""
-        p = self.prepared
-        return SubmitRequest(request_id=self.request_id, api_id=self.loop.api_id,
-                             prompt_token_ids=p.prompt_token_ids, sampling=p.sampling, arrival_time=time.time(),
-                             priority=p.priority, tenant=p.tenant, cache_salt=p.cache_salt,
+        r = self.request
+        return SubmitRequest(request_id=self.sequence_id, api_id=self.loop.api_id,
+                             prompt_token_ids=r.prompt_token_ids, sampling=self.sampling, arrival_time=time.time(),
+                             priority=r.priority, tenant=r.tenant, cache_salt=r.cache_salt,
                              output_token_ids=list(self.token_ids))
 
-    async def next(self, timeout: float | None = None) -> Output | None:
-        """The next output, or None once finished; TimeoutError if none came in `timeout`."""
+    async def next(self) -> Output | None:
+        """The next output, or None once finished."""
         if self.outputs is None:
             return None
-        if not self.outputs.empty():  # the common case while streaming: no task, no timer
-            out = self.outputs.get_nowait()
-        elif self.finished:
+        if not self.outputs.empty():  # the common case while streaming: no task
+            return self.outputs.get_nowait()
+        if self.finished:
             return None
-        elif timeout is None:
-            out = await self.outputs.get()
-        else:
-            out = await asyncio.wait_for(self.outputs.get(), timeout)
-        return out
+        return await self.outputs.get()
 
     def abort(self, reason: str = "abort") -> None:
         """End it now: abort at the scheduler, record finish 'abort'."""
         if self.finished:
             return
         self.loop.end(self, "abort", reason)
-
-    def close(self, reason: str = "client went away") -> None:
-        self.abort(reason)
 
     def replay(self, token_ids: list[int]) -> None:
         """An adopted sequence: feed the tokens of one recorded event, as they came then."""
@@ -147,13 +123,13 @@ class Generation:
                 return None
         vocab = self.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in ids):
-            log.error("request %s: token id out of range in a delta; ending it", self.request_id)
+            log.error("sequence %s: token id out of range in a delta; ending it", self.sequence_id)
             return self.fail("bad token id on the wire")
         finish = delta.finish_reason
         step = self._detok.add(ids, finished=finish is not None)
         if step.stopped:
             if finish is None:
-                self.loop.abort(self.request_id, "stop string")
+                self.loop.abort(self.sequence_id, "stop string")
             finish = "stop"
         self.token_ids.extend(ids)
         logprobs = list(delta.logprobs)[-len(ids):] if ids else []
@@ -163,7 +139,6 @@ class Generation:
             self.num_chars += len(step.text)
         if ids:
             if self._last_token_time is None:
-                self.first_token_time = now
                 self.metrics.time_to_first_token.observe(now - self._arrival)
             else:
                 self.metrics.inter_token_latency.observe(now - self._last_token_time)
@@ -174,8 +149,8 @@ class Generation:
 
     def fail(self, error: str) -> Output:
         """End it with finish_reason "error": it cannot go on (aborted at the scheduler)."""
-        log.error("request %s cannot go on: %s", self.request_id, error)
-        self.loop.abort(self.request_id, error)
+        log.error("sequence %s cannot go on: %s", self.sequence_id, error)
+        self.loop.abort(self.sequence_id, error)
         self._finish("error", error)
         return Output("", [], finish_reason="error", error=error)
 
@@ -183,7 +158,7 @@ class Generation:
         """The record event of an Output it just gave (records.py)."""
         event = {"index": self.index, "text": out.text, "token_ids": out.token_ids,
                  "text_offset": self.num_chars - len(out.text), "token_offset": len(self.token_ids) - len(out.token_ids)}
-        if self.prepared.sampling.logprobs is not None and out.logprobs:
+        if self.sampling.logprobs is not None and out.logprobs:
             event["logprobs"] = [{"token_id": s.token_id, "logprob": s.logprob, "top_logprobs": s.top_logprobs}
                                  for s in out.logprobs]
         if out.finish_reason is not None:
@@ -201,5 +176,5 @@ class Generation:
         self.finish_reason, self.why = reason, why
         self.metrics.e2e_request_latency.observe(time.monotonic() - self._arrival)
         self.metrics.request_success.labels(finished_reason=reason).inc()
-        log.info("request %s finished (%s): %d prompt + %d output tokens in %.3fs", self.request_id, why,
+        log.info("sequence %s finished (%s): %d prompt + %d output tokens in %.3fs", self.sequence_id, why,
                  self.num_prompt_tokens, len(self.token_ids), time.monotonic() - self._arrival)

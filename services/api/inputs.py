@@ -1,12 +1,16 @@
-"""A validated body -> prompt token ids, SamplingParams, stop strings; every check that can
-fail runs here, before anything is sent, so a rejected request changes nothing."""
+"""A parsed body -> the ApiRequest it asks for (prompt token ids, SamplingParams, stop strings):
+the one place client input is checked, before anything is sent, so a rejected request changes
+nothing; nothing deeper checks it again."""
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass, field
 
+from pagedserve.services.api.admission import RequestLimits, check_limits
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from pagedserve.services.api.request import ApiRequest
 from pagedserve.shared.messages import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
@@ -16,6 +20,7 @@ MAX_STOP_STRINGS = 32
 MAX_N = 16  # choices per request (one prefill, n forks)
 MAX_CACHE_SALT_CHARS = 256
 _INT64 = (-(2**63), 2**63 - 1)
+NO_LIMITS = RequestLimits()
 _CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -30,25 +35,10 @@ class ModelInfo:
         return name is None or name == self.served_name or name.lower() in self.aliases
 
 
-@dataclass
-class Prepared:
-    kind: str  # "completion" or "chat"
-    model: str
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    stop: list[str]
-    priority: int = 0
-    tenant: str | None = None
-    cache_salt: str = ""  # "" (none) shares prefix-cache blocks only with other unsalted requests
-    stream: bool = False
-    include_usage: bool = False
-    continuous_usage: bool = False
-
-
 def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: ModelInfo,
-            max_n: int = MAX_N) -> Prepared:
-    """Validate and tokenize; raises ApiError for any bad input. max_n: the most choices
-    (`n`) the calling route serves."""
+            limits: RequestLimits = NO_LIMITS, tenant: str | None = None, max_n: int = MAX_N) -> ApiRequest:
+    """Validate and tokenize; raises ApiError for any bad input. tenant: the caller's (its API
+    key's) unless the body names a user; max_n: the most choices (`n`) the calling route serves."""
     if not info.accepts(body.model):
         raise ApiError(404, f"the model '{body.model}' does not exist (this server serves '{info.served_name}')",
                        code="model_not_found", param="model")
@@ -77,11 +67,16 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
                        f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
                        code="context_length_exceeded", param="max_tokens")
     sampling = _sampling(body, max_tokens, logprobs, info)
+    stop, priority, cache_salt = _stop_strings(body.stop), _bounded(body.priority, "priority", *_INT64), \
+        _cache_salt(body.cache_salt)
+    check_limits(limits, len(prompt_ids), max_tokens, prompt_field)
     options = body.stream_options
-    return Prepared(kind=kind, model=info.served_name, prompt_token_ids=prompt_ids, sampling=sampling,
-                    stop=_stop_strings(body.stop), priority=_bounded(body.priority, "priority", *_INT64),
-                    tenant=body.user, cache_salt=_cache_salt(body.cache_salt), stream=body.stream, include_usage=bool(options and options.include_usage),
-                    continuous_usage=bool(options and options.continuous_usage_stats))
+    request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    return ApiRequest(kind=kind, model=info.served_name, request_id=request_id, prompt_token_ids=prompt_ids,
+                      sampling=sampling, stop=stop, priority=priority, tenant=body.user if body.user is not None else tenant,
+                      cache_salt=cache_salt, stream=body.stream,
+                      include_usage=bool(options and options.include_usage),
+                      continuous_usage=bool(options and options.continuous_usage_stats))
 
 
 def _check_unsupported(body, max_n: int) -> None:

@@ -32,8 +32,8 @@ from pagedserve.shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, He
 from pagedserve.shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
 
 if TYPE_CHECKING:
-    from pagedserve.services.api.choices import Choices
     from pagedserve.services.api.generation import Generation, Output
+    from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api.loop")
 
@@ -61,9 +61,9 @@ class ApiLoop(ControlCommands):
                                                         socket_connect_timeout=3, health_check_interval=30)
         self.redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
         self.records = RecordStore(self.redis, keys, record_ttl_s)
-        self.adopt: Callable[[str, dict, object], Choices] | None = None  # set by the app
+        self.adopt: Callable[[str, dict, object], ApiRequest] | None = None  # set by the app
         self._live: dict[str, Generation] = {}  # sequence id -> its Generation, until it finishes
-        self._requests: dict[str, Choices] = {}  # request id -> the request, while a sequence is live
+        self._requests: dict[str, ApiRequest] = {}  # request id -> the request, while a sequence is live
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._write_lock = asyncio.Lock()  # record events are appended in seq order
         self._tasks: list[asyncio.Task] = []
@@ -108,25 +108,25 @@ class ApiLoop(ControlCommands):
         await self.redis.aclose()
         log.info("api %s stopped", self.api_id)
 
-    async def submit(self, choices: Choices) -> None:
+    async def submit(self, request: ApiRequest) -> None:
         """Record and submit in one pipeline; RedisUnavailable (nothing submitted) after submit_timeout_s."""
-        group = choices.group_submit()
-        for gen in choices.gens:
-            self._live[gen.request_id] = gen
-        self._requests[choices.request_id] = choices
+        group = request.group_submit()
+        for gen in request.gens:
+            self._live[gen.sequence_id] = gen
+        self._requests[request.request_id] = request
 
         async def op():
             pipe = self.redis.pipeline(transaction=False)
-            self.records.create(pipe, choices.request_id, choices.meta(), group)
+            self.records.create(pipe, request.request_id, request.meta(self.api_id), group)
             pipe.xadd(self.keys.requests, {FIELD: pack(group)}, maxlen=DEFAULT_MAXLEN, approximate=True)
             await pipe.execute()
 
         try:
-            await self._retry(op, f"submit {choices.request_id}", self.submit_timeout_s)
+            await self._retry(op, f"submit {request.request_id}", self.submit_timeout_s)
         except BaseException:
-            for gen in choices.gens:
-                self._live.pop(gen.request_id, None)
-            self._requests.pop(choices.request_id, None)
+            for gen in request.gens:
+                self._live.pop(gen.sequence_id, None)
+            self._requests.pop(request.request_id, None)
             raise
 
     def abort(self, request_id: str, reason: str = "abort") -> asyncio.Task:
@@ -139,21 +139,21 @@ class ApiLoop(ControlCommands):
         """End a live sequence: abort it at the scheduler, record the finish, wake its listener."""
         from pagedserve.services.api.generation import Output
 
-        self.abort(gen.request_id, why)
+        self.abort(gen.sequence_id, why)
         gen._finish(reason, why)
         out = Output("", [], finish_reason=reason)
-        choices = self._requests.get(gen.record_id)
+        submitted = gen.request.request_id in self._requests
         self._retire(gen)
         if gen.outputs is not None:
             gen.outputs.put_nowait(out)
-        if choices is not None:
-            self._in_background(self._write([(choices, gen, out)]))
+        if submitted:
+            self._in_background(self._write([(gen, out)]))
 
     async def cancel(self, request_id: str, reason: str) -> bool:
         """DELETE from any replica: abort every sequence of a request; False: no such record."""
-        choices = self._requests.get(request_id)
-        if choices is not None:
-            choices.close(reason)
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.close(reason)
             return True
         loaded = await self.records.load(request_id)
         if loaded is None:
@@ -174,13 +174,12 @@ class ApiLoop(ControlCommands):
             log.error("background write lost: %s", task.exception())
 
     def _retire(self, gen: Generation) -> None:
-        self._live.pop(gen.request_id, None)
-        self._ended[gen.request_id] = None
+        self._live.pop(gen.sequence_id, None)
+        self._ended[gen.sequence_id] = None
         while len(self._ended) > REMEMBER_ENDED:
             self._ended.popitem(last=False)
-        choices = self._requests.get(gen.record_id)
-        if choices is not None and all(g.finished for g in choices.gens):
-            del self._requests[gen.record_id]
+        if all(g.finished for g in gen.request.gens):
+            self._requests.pop(gen.request.request_id, None)
 
     async def read_stats(self, names: tuple[str, ...] = ("scheduler", "kvstore")) -> dict[str, dict]:
         """{name: blob} for the names given; a blob missing or unreadable is {}."""
@@ -222,7 +221,7 @@ class ApiLoop(ControlCommands):
                 await asyncio.sleep(delay)
                 continue
             pending = pending and bool(entries)
-            items: list[tuple[Choices, Generation, Output]] = []
+            items: list[tuple[Generation, Output]] = []
             failed = False
             try:
                 for entry in entries:
@@ -239,38 +238,38 @@ class ApiLoop(ControlCommands):
                 failed = pending = True
             if entries:  # what was applied is written even so: a re-read batch trims repeats
                 await self._write(items, [] if failed else [entry.entry_id for entry in entries])
-            for _choices, gen, out in items:
+            for gen, out in items:
                 if gen.outputs is not None:
                     gen.outputs.put_nowait(out)
             if failed:
                 await asyncio.sleep(backoff.next())
 
-    async def _apply(self, batch: DeltaBatch, items: list[tuple[Choices, Generation, Output]]) -> None:
+    async def _apply(self, batch: DeltaBatch, items: list[tuple[Generation, Output]]) -> None:
         for delta in batch.deltas:
             gen = self._live.get(delta.request_id)
             if gen is None and delta.request_id not in self._ended:
                 gen = await self._adopt(delta.request_id)
             if gen is None:
                 continue  # ended here already, or no record of it
-            choices = self._requests[gen.record_id]
             out = gen.apply(delta)
             if out is None:
                 continue
             if out.finish_reason is not None:
                 self._retire(gen)
-            items.append((choices, gen, out))
+            items.append((gen, out))
 
-    async def _write(self, items: list[tuple[Choices, Generation, Output]], ack: list[bytes] = ()) -> None:
+    async def _write(self, items: list[tuple[Generation, Output]], ack: list[bytes] = ()) -> None:
         """Append the events and ack the entries in one pipeline, retried until Redis takes it."""
         backoff = Backoff(cap=1.0)
         async with self._write_lock:
-            for choices, _gen, out in items:
-                choices.seq += 1
-                out.seq = choices.seq
+            for gen, out in items:
+                gen.request.seq += 1
+                out.seq = gen.request.seq
             while True:
                 pipe = self.redis.pipeline(transaction=False)
-                for choices, gen, out in items:
-                    self.records.append(pipe, choices.request_id, out.seq, gen.event(out), out.finish_reason is not None)
+                for gen, out in items:
+                    self.records.append(pipe, gen.request.request_id, out.seq, gen.event(out),
+                                        out.finish_reason is not None)
                 if ack:
                     pipe.xack(self.deltas_stream, GROUP, *ack)
                 try:
@@ -291,20 +290,20 @@ class ApiLoop(ControlCommands):
             self._ended[sequence_id] = None
             log.warning("deltas for %s, which has no record: dropped", sequence_id)
             return None
-        choices = self.adopt(record_id, *loaded)
+        request = self.adopt(record_id, *loaded)
         for seq, event in await self.records.events(record_id):
-            gen = choices.gens[event["index"]]
+            gen = request.gens[event["index"]]
             if event.get("finish_reason") is not None:
                 gen.finish_reason = event["finish_reason"]
             elif not gen.finished:
                 gen.replay(event["token_ids"])
-            choices.seq = seq
-        for gen in choices.gens:
-            (self._ended.__setitem__(gen.request_id, None) if gen.finished else self._live.__setitem__(
-                gen.request_id, gen))
-        if not all(gen.finished for gen in choices.gens):
-            self._requests[record_id] = choices
-            log.info("adopted request %s from its record (%d events)", record_id, choices.seq)
+            request.seq = seq
+        for gen in request.gens:
+            (self._ended.__setitem__(gen.sequence_id, None) if gen.finished else self._live.__setitem__(
+                gen.sequence_id, gen))
+        if not all(gen.finished for gen in request.gens):
+            self._requests[record_id] = request
+            log.info("adopted request %s from its record (%d events)", record_id, request.seq)
         return self._live.get(sequence_id)
 
     async def _refresh_admission(self) -> None:
@@ -339,11 +338,11 @@ class ApiLoop(ControlCommands):
         await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
         async with self._write_lock:
             pipe = self.redis.pipeline(transaction=False)
-            for choices in list(self._requests.values()):
-                self.records.create(pipe, choices.request_id, choices.meta(), choices.group_submit())
-                for gen in choices.gens:
-                    choices.seq += 1
-                    self.records.append(pipe, choices.request_id, choices.seq, gen.snapshot_event(), gen.finished,
+            for request in list(self._requests.values()):
+                self.records.create(pipe, request.request_id, request.meta(self.api_id), request.group_submit())
+                for gen in request.gens:
+                    request.seq += 1
+                    self.records.append(pipe, request.request_id, request.seq, gen.snapshot_event(), gen.finished,
                                         expire=True)
             await pipe.execute()
         log.warning("redis restarted: %d request records written again", len(self._requests))
@@ -353,7 +352,7 @@ class ApiLoop(ControlCommands):
         log.warning("%s: resubmitting %d live sequences", why, len(gens))
         for gen in gens:
             msg = gen.submit_message()
-            if gen.request_id in self._live:
+            if gen.sequence_id in self._live:
                 await self._retry(lambda m=msg: redis_io.send(self.redis, self.keys.requests, m),
                                   f"resubmit {msg.request_id}", 60.0)
 

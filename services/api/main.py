@@ -81,14 +81,15 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
         raise ConfigError(f"--model={args.model!r}: {e}") from None
     return ApiConfig(model=args.model, served_model_name=args.served_model_name, redis_url=args.redis_url,
                      prefix=args.prefix, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                     max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
+                     max_prompt_tokens=args.max_prompt_tokens,
                      max_output_tokens=args.max_output_tokens, api_id=api_id, record_ttl_s=args.record_ttl)
 
 
-def load_model_info(config: ApiConfig, tokenizer) -> ModelInfo:
-    """Served name, aliases, context length (max_position_embeddings unless overridden)."""
+def load_model_info(config: ApiConfig, tokenizer, max_model_len: int | None = None) -> ModelInfo:
+    """Served name, aliases, context length (max_model_len, --max-model-len, else the model's
+    max_position_embeddings): the api's one source of it."""
     path = resolve_model(config.model)
-    max_len = config.max_model_len or _context_length(path)
+    max_len = max_model_len or _context_length(path)
     aliases = {config.model.lower(), config.served_name.lower()}
     if _is_smollm2(path):
         aliases |= {n.lower() for n in SMOLLM2_NAMES}
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 3
 
     tokenizer = load_tokenizer(config.model)
-    info = load_model_info(config, tokenizer)
+    info = load_model_info(config, tokenizer, args.max_model_len)
     app = create_app(config, tokenizer, info)
     log.info("api listening on http://%s:%d (model %s, auth %s)", args.host, args.port, info.served_name,
              "on" if config.api_key else "off")

@@ -1,51 +1,51 @@
 """OpenAI response shapes for completions and chat completions, whole and as SSE chunks;
-`n` choices, each with its index (services/api/choices.py)."""
+`n` choices, each with its index (services/api/request.py)."""
 
 from __future__ import annotations
 
 import json
 
-from pagedserve.services.api.choices import Choices
 from pagedserve.services.api.generation import Generation, Output
+from pagedserve.services.api.request import ApiRequest
 from pagedserve.shared.messages import SampledToken
 
 
-def completion_response(choices: Choices) -> dict:
+def completion_response(request: ApiRequest) -> dict:
     body = [{"index": i, "text": gen.text, "logprobs": completion_logprobs(gen, gen.logprobs, 0),
-             "finish_reason": gen.finish_reason} for i, gen in enumerate(choices.gens)]
-    return _envelope(choices, "text_completion", body, usage=choices.usage())
+             "finish_reason": gen.finish_reason} for i, gen in enumerate(request.gens)]
+    return _envelope(request, "text_completion", body, usage=request.usage())
 
 
-def chat_response(choices: Choices) -> dict:
+def chat_response(request: ApiRequest) -> dict:
     body = [{"index": i, "message": {"role": "assistant", "content": gen.text},
              "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": gen.finish_reason}
-            for i, gen in enumerate(choices.gens)]
-    return _envelope(choices, "chat.completion", body, usage=choices.usage())
+            for i, gen in enumerate(request.gens)]
+    return _envelope(request, "chat.completion", body, usage=request.usage())
 
 
-def completion_chunk(choices: Choices, index: int, out: Output, text_offset: int) -> dict:
+def completion_chunk(request: ApiRequest, index: int, out: Output, text_offset: int) -> dict:
     choice = {"index": index, "text": out.text,
-              "logprobs": completion_logprobs(choices.gens[index], out.logprobs, text_offset),
+              "logprobs": completion_logprobs(request.gens[index], out.logprobs, text_offset),
               "finish_reason": out.finish_reason}
-    return _envelope(choices, "text_completion", [choice], usage=_chunk_usage(choices))
+    return _envelope(request, "text_completion", [choice], usage=_chunk_usage(request))
 
 
-def chat_role_chunk(choices: Choices, index: int = 0) -> dict:
+def chat_role_chunk(request: ApiRequest, index: int = 0) -> dict:
     choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
               "finish_reason": None}
-    return _envelope(choices, "chat.completion.chunk", [choice], usage=_chunk_usage(choices))
+    return _envelope(request, "chat.completion.chunk", [choice], usage=_chunk_usage(request))
 
 
-def chat_chunk(choices: Choices, index: int, out: Output) -> dict:
+def chat_chunk(request: ApiRequest, index: int, out: Output) -> dict:
     delta = {"content": out.text} if out.text or out.finish_reason is None else {}
-    choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(choices.gens[index], out.logprobs),
+    choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(request.gens[index], out.logprobs),
               "finish_reason": out.finish_reason}
-    return _envelope(choices, "chat.completion.chunk", [choice], usage=_chunk_usage(choices))
+    return _envelope(request, "chat.completion.chunk", [choice], usage=_chunk_usage(request))
 
 
-def usage_chunk(choices: Choices) -> dict:
-    kind = "chat.completion.chunk" if choices.prepared.kind == "chat" else "text_completion"
-    return _envelope(choices, kind, [], usage=choices.usage())
+def usage_chunk(request: ApiRequest) -> dict:
+    kind = "chat.completion.chunk" if request.kind == "chat" else "text_completion"
+    return _envelope(request, kind, [], usage=request.usage())
 
 
 class ChunkTemplate:
@@ -56,15 +56,15 @@ class ChunkTemplate:
 
     _MARKER = "\ue000pagedserve-text\ue000"  # private use: json.dumps leaves it as it is
 
-    def __init__(self, choices: Choices, index: int) -> None:
+    def __init__(self, request: ApiRequest, index: int) -> None:
         out = Output(self._MARKER, [])
-        chunk = chat_chunk(choices, index, out) if choices.prepared.kind == "chat" else \
-            completion_chunk(choices, index, out, 0)
+        chunk = chat_chunk(request, index, out) if request.kind == "chat" else \
+            completion_chunk(request, index, out, 0)
         self._head, self._tail = sse(chunk).split(json.dumps(self._MARKER, ensure_ascii=False).encode())
 
     @staticmethod
-    def applies(choices: Choices) -> bool:
-        return choices.prepared.sampling.logprobs is None and not choices.prepared.continuous_usage
+    def applies(request: ApiRequest) -> bool:
+        return request.sampling.logprobs is None and not request.continuous_usage
 
     def sse(self, text: str) -> bytes:
         return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
@@ -75,17 +75,16 @@ def sse(obj: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _chunk_usage(choices: Choices) -> dict | None:
-    if choices.prepared.continuous_usage:
-        return choices.usage()
+def _chunk_usage(request: ApiRequest) -> dict | None:
+    if request.continuous_usage:
+        return request.usage()
     return None
 
 
-def _envelope(choices: Choices, obj: str, body: list, usage: dict | None) -> dict:
-    prepared = choices.prepared
-    envelope = {"id": choices.request_id, "object": obj, "created": choices.created, "model": prepared.model,
+def _envelope(request: ApiRequest, obj: str, body: list, usage: dict | None) -> dict:
+    envelope = {"id": request.request_id, "object": obj, "created": request.created, "model": request.model,
                 "choices": body}
-    if usage is not None or prepared.include_usage or not prepared.stream:
+    if usage is not None or request.include_usage or not request.stream:
         envelope["usage"] = usage
     return envelope
 
@@ -95,7 +94,7 @@ def _token_text(tokenizer, token_id: int) -> str:
 
 
 def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offset: int) -> dict | None:
-    if gen.prepared.sampling.logprobs is None:
+    if gen.sampling.logprobs is None:
         return None
     tok = gen.tokenizer
     tokens, token_logprobs, top, offsets = [], [], [], []
@@ -110,7 +109,7 @@ def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offs
 
 
 def chat_logprobs(gen: Generation, logprobs: list[SampledToken]) -> dict | None:
-    if gen.prepared.sampling.logprobs is None:
+    if gen.sampling.logprobs is None:
         return None
     tok = gen.tokenizer
     content = []

@@ -5,18 +5,15 @@ Every rejection (4xx/503) happens before a response starts, never after a 200 op
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedserve.services.api import openai_format as fmt
-from pagedserve.services.api.choices import Choices
-from pagedserve.services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
-from pagedserve.services.api.inputs import MAX_N, prepare
-from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
+from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()
@@ -42,69 +39,55 @@ async def chat_completions(request: Request) -> Response:
 
 async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
-    body = parse_body(await read_body(request, state.max_body_bytes), cls)
-    prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info, MAX_N)
-    choices = Choices(state, prepared, request)
-    await choices.start()
-    if prepared.stream:
-        return GenerationStream(choices, _sse_events(choices))
-    watcher = asyncio.create_task(close_on_disconnect(request.receive, choices))
-    try:
-        async for _ in choices.outputs():
-            pass
-    finally:
-        watcher.cancel()
-        choices.close("request handler ended early")
-    if choices.why == CLIENT_GONE:
-        log.info("request %s: client hung up, aborted", choices.request_id)
+    api_request = await state.accept(await read_body(request, state.max_body_bytes), request, cls)
+    if api_request.stream:
+        return GenerationStream(api_request, _sse_events(api_request))
+    await while_connected(request.receive, api_request, _drain(api_request), "request handler ended early")
+    if api_request.why == CLIENT_GONE:
+        log.info("request %s: client hung up, aborted", api_request.request_id)
         return Response(status_code=499)
-    body = fmt.chat_response(choices) if prepared.kind == "chat" else fmt.completion_response(choices)
+    body = fmt.chat_response(api_request) if api_request.kind == "chat" else fmt.completion_response(api_request)
     return JSONResponse(body)
 
 
-async def _sse_events(choices: Choices):
-    chat = choices.prepared.kind == "chat"
-    logprobs = choices.prepared.sampling.logprobs is not None
+async def _drain(request: ApiRequest) -> None:
+    async for _ in request.outputs():
+        pass
+
+
+async def _sse_events(request: ApiRequest):
+    chat = request.kind == "chat"
+    logprobs = request.sampling.logprobs is not None
     if chat:
-        for index in range(len(choices.gens)):
-            yield fmt.sse(fmt.chat_role_chunk(choices, index))
-    text_offsets = [0] * len(choices.gens)
-    templates = [fmt.ChunkTemplate(choices, i) for i in range(len(choices.gens))] \
-        if fmt.ChunkTemplate.applies(choices) else None
-    async for index, out in choices.outputs():  # GenerationStream watches the client
+        for index in range(len(request.gens)):
+            yield fmt.sse(fmt.chat_role_chunk(request, index))
+    text_offsets = [0] * len(request.gens)
+    templates = [fmt.ChunkTemplate(request, i) for i in range(len(request.gens))] \
+        if fmt.ChunkTemplate.applies(request) else None
+    async for index, out in request.outputs():  # GenerationStream watches the client
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
         if templates is not None and out.finish_reason is None:
             yield templates[index].sse(out.text)
         else:
-            yield fmt.sse(fmt.chat_chunk(choices, index, out) if chat
-                          else fmt.completion_chunk(choices, index, out, text_offsets[index]))
+            yield fmt.sse(fmt.chat_chunk(request, index, out) if chat
+                          else fmt.completion_chunk(request, index, out, text_offsets[index]))
         text_offsets[index] += len(out.text)
-    if choices.why == CLIENT_GONE:
+    if request.why == CLIENT_GONE:
         return
-    if choices.prepared.include_usage:
-        yield fmt.sse(fmt.usage_chunk(choices))
+    if request.include_usage:
+        yield fmt.sse(fmt.usage_chunk(request))
     yield fmt.sse("[DONE]")
 
 
 class GenerationStream(StreamingResponse):
-    """An SSE response that aborts its generations however the stream ends."""
+    """An SSE response run under edge.while_connected (Starlette skips its own disconnect
+    listener from ASGI spec 2.4 on)."""
 
-    def __init__(self, choices: Choices, content):
+    def __init__(self, request: ApiRequest, content):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.choices = choices
+        self.request = request
 
     async def __call__(self, scope, receive, send) -> None:
-        # listen for disconnect ourselves: Starlette skips it from ASGI spec 2.4 on
-        try:
-            async with anyio.create_task_group() as group:
-                async def stream() -> None:
-                    await self.stream_response(send)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                await close_on_disconnect(receive, self.choices)
-                group.cancel_scope.cancel()
-        finally:
-            self.choices.close("stream ended early")
+        await while_connected(receive, self.request, self.stream_response(send), "stream ended early")

@@ -15,11 +15,10 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from pagedserve.services.api.choices import Choices
-from pagedserve.services.api.edge import CLIENT_GONE, close_on_disconnect, read_body, state_of
+from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
 from pagedserve.services.api.generation import Output
-from pagedserve.services.api.inputs import prepare
-from pagedserve.services.api.protocol import ApiError, parse_body
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()
@@ -30,25 +29,25 @@ def _not_found(request_id: str) -> ApiError:
     return ApiError(404, f"no request {request_id!r} on this server", code="request_not_found")
 
 
-def delta_message(choices: Choices, index: int, out: Output) -> dict:
-    msg = {"type": "delta", "request_id": choices.request_id, "seq": out.seq, "index": index, "text": out.text,
+def delta_message(request: ApiRequest, index: int, out: Output) -> dict:
+    msg = {"type": "delta", "request_id": request.request_id, "seq": out.seq, "index": index, "text": out.text,
            "token_ids": out.token_ids}
-    if choices.prepared.sampling.logprobs is not None:
+    if request.sampling.logprobs is not None:
         msg["logprobs"] = [{"token_id": s.token_id, "logprob": s.logprob, "top_logprobs": s.top_logprobs}
                            for s in out.logprobs]
     return msg
 
 
-def final_message(choices: Choices, index: int, out: Output | None = None) -> dict:
-    gen = choices.gens[index]
-    msg = {"type": "final", "request_id": choices.request_id, "seq": out.seq if out else choices.seq, "index": index,
+def final_message(request: ApiRequest, index: int, out: Output | None = None) -> dict:
+    gen = request.gens[index]
+    msg = {"type": "final", "request_id": request.request_id, "seq": out.seq if out else request.seq, "index": index,
            "finish_reason": gen.finish_reason, "usage": gen.usage()}
     return msg | ({"error": out.error} if out is not None and out.error else {})
 
 
-def stream_messages(choices: Choices, index: int, out: Output) -> list[dict]:
-    msgs = [delta_message(choices, index, out)] if out.text or out.token_ids else []
-    return msgs + ([final_message(choices, index, out)] if out.finish_reason is not None else [])
+def stream_messages(request: ApiRequest, index: int, out: Output) -> list[dict]:
+    msgs = [delta_message(request, index, out)] if out.text or out.token_ids else []
+    return msgs + ([final_message(request, index, out)] if out.finish_reason is not None else [])
 
 
 DELETE_WAIT_S = 5.0  # how long DELETE waits for the abort to reach the record
@@ -82,11 +81,8 @@ def _cursor(value: str | None) -> int:
 @router.post("/v1/requests", status_code=202)
 async def submit(request: Request) -> JSONResponse:
     state = state_of(request)
-    body = parse_body(await read_body(request, state.max_body_bytes))
-    prepared = await asyncio.to_thread(prepare, body, state.tokenizer, state.info)
-    choices = Choices(state, prepared, request, listen=False)
-    await choices.start()
-    return JSONResponse({"request_id": choices.request_id}, status_code=202)
+    api_request = await state.accept(await read_body(request, state.max_body_bytes), request, listen=False)
+    return JSONResponse({"request_id": api_request.request_id}, status_code=202)
 
 
 @router.get("/v1/requests/{request_id}")
@@ -137,20 +133,21 @@ async def follow_ws(websocket: WebSocket, request_id: str) -> None:
     except ApiError as e:
         return await _send_error(websocket, e)
     events = state_of(websocket).loop.records.follow(request_id, cursor)
-    watcher = asyncio.create_task(close_on_disconnect(websocket.receive, None))
-    try:
-        async for seq, event in events:
-            if watcher.done():
-                return
-            for msg in record_message(request_id, seq, event):
-                await websocket.send_json(msg)
-        await websocket.close()
-    except KeyError:
-        await _send_error(websocket, _not_found(request_id))
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        pass
+
+    async def forward() -> None:
+        try:
+            async for seq, event in events:
+                for msg in record_message(request_id, seq, event):
+                    await websocket.send_json(msg)
+            await websocket.close()
+        except KeyError:
+            await _send_error(websocket, _not_found(request_id))
+        except (WebSocketDisconnect, RuntimeError, OSError):  # a send after the client left
+            pass
+
+    try:  # leaving an attached stream aborts nothing (request None)
+        await while_connected(websocket.receive, None, forward(), CLIENT_GONE)
     finally:
-        watcher.cancel()
         await events.aclose()
 
 
@@ -169,30 +166,28 @@ async def stream(websocket: WebSocket) -> None:
         if len(raw) > state.max_body_bytes:
             raise ApiError(413, f"request message is over the limit of {state.max_body_bytes} bytes",
                            code="body_too_large")
-        prepared = await asyncio.to_thread(prepare, parse_body(raw), state.tokenizer, state.info)
-        choices = Choices(state, prepared, websocket)
-        await choices.start()
+        request = await state.accept(raw, websocket)
     except ApiError as e:
         state.metrics.rejected.labels(status=str(e.status)).inc()
         return await _send_error(websocket, e)
-    watcher = asyncio.create_task(close_on_disconnect(websocket.receive, choices))
+    await while_connected(websocket.receive, request, _send_outputs(websocket, request), CLIENT_GONE)
+
+
+async def _send_outputs(websocket: WebSocket, request: ApiRequest) -> None:
     finals_sent: set[int] = set()
     try:
-        async for index, out in choices.outputs():
-            for msg in stream_messages(choices, index, out):
+        async for index, out in request.outputs():
+            for msg in stream_messages(request, index, out):
                 await websocket.send_json(msg)
             if out.finish_reason is not None:
                 finals_sent.add(index)
-        if choices.why != CLIENT_GONE:
-            for index in range(len(choices.gens)):
+        if request.why != CLIENT_GONE:
+            for index in range(len(request.gens)):
                 if index not in finals_sent:  # aborted here (the client asked), not by a delta
-                    await websocket.send_json(final_message(choices, index))
+                    await websocket.send_json(final_message(request, index))
             await websocket.close()
-    except (WebSocketDisconnect, RuntimeError, OSError):
+    except (WebSocketDisconnect, RuntimeError, OSError):  # a send after the client left
         pass
-    finally:
-        watcher.cancel()
-        choices.close(CLIENT_GONE)
 
 
 async def _send_error(websocket: WebSocket, error: ApiError) -> None:

@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedserve.services.api.detokenizer import Detokenizer, IncrementalDecoder, StopStringMatcher
+from pagedserve.services.api.inputs import ModelInfo, prepare
+from pagedserve.services.api.protocol import parse_body
 
 MULTIBYTE = "Hello 😀 世界 ok 🎉🎉 naïve x👩‍👩‍👧y"
 _ALPHABET = st.sampled_from(list("ab c.,\n") + ["é", "世", "界", "😀", "🎉", "ї", " the", "STOP"])
@@ -99,9 +101,12 @@ def test_the_earliest_completed_stop_string_wins():
     assert matcher.add("d") == "" and matcher.flush() == ""
 
 
-def test_empty_stop_strings_are_ignored():
-    matcher = StopStringMatcher(["", "zz"])
-    assert matcher.add("abc") == "abc" and not matcher.stopped
+def test_empty_stop_strings_are_ignored(tokenizer):
+    """Dropped once at the edge (inputs.prepare); the matcher gets only the others."""
+    info = ModelInfo(served_name="smollm2", max_model_len=2048, vocab_size=tokenizer.vocab_size)
+    request = prepare(parse_body(b'{"prompt": "hi", "stop": ["", "zz"]}'), tokenizer, info)
+    matcher = StopStringMatcher(request.stop)
+    assert request.stop == ["zz"] and matcher.add("abc") == "abc" and not matcher.stopped
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,0 +1,133 @@
+"""The api's one request record: what the client asked (validated once, by inputs.prepare), its
+id, and its n sequences (one Generation each), from submission to the last record event.
+
+Sequence i of n > 1 is f"{request_id}.{i}" and ends on its own. Whoever drives a request runs
+it under edge.while_connected, which aborts every sequence still open when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from pagedserve.services.api.generation import Generation, Output
+from pagedserve.services.api.loop import RedisUnavailable
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.shared.messages import SamplingParams, SubmitRequest
+from pagedserve.shared.parallel_sampling import child_request_ids
+
+if TYPE_CHECKING:
+    from pagedserve.services.api.edge import ApiState
+
+log = logging.getLogger("pagedserve.api")
+
+
+@dataclass(eq=False)
+class ApiRequest:
+    kind: str  # "completion" or "chat"
+    model: str  # the served name responses report
+    request_id: str  # "cmpl-..." or "chatcmpl-..."; the record's key
+    prompt_token_ids: list[int]
+    sampling: SamplingParams  # the request's (n); sequence i samples with child_sampling(sampling, i)
+    stop: list[str]  # non-empty stop strings
+    priority: int = 0
+    tenant: str | None = None
+    cache_salt: str = ""  # "" (none) shares prefix-cache blocks only with other unsalted requests
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    gens: list[Generation] = field(default_factory=list)  # its sequences, by index, once opened
+    seq: int = 0  # the last record event written
+
+    @classmethod
+    def adopted(cls, state: ApiState, request_id: str, meta: dict, submit: SubmitRequest) -> ApiRequest:
+        """A request an earlier run of this api submitted, rebuilt from its record (nobody listens)."""
+        request = cls(kind=meta["kind"], model=meta["model"], request_id=request_id,
+                      prompt_token_ids=list(submit.prompt_token_ids), sampling=submit.sampling,
+                      stop=list(meta["stop"]), priority=submit.priority, tenant=submit.tenant,
+                      cache_salt=submit.cache_salt, created=meta["created"])
+        return request.open(state, listen=False)
+
+    def open(self, state: ApiState, listen: bool = True) -> ApiRequest:
+        """Its sequences; listen False: nobody streams it from here (REST), its record is all there is."""
+        ids = child_request_ids(self.request_id, self.sampling.n)
+        self.gens = [Generation(self, index, sequence_id, state.loop, state.tokenizer, state.metrics, listen)
+                     for index, sequence_id in enumerate(ids)]
+        return self
+
+    async def start(self, state: ApiState, listen: bool = True) -> None:
+        """Admit, record and submit it once; raising (ApiError 429 or 503) means nothing was submitted."""
+        self.open(state, listen)
+        state.loop.admission.check(self.tenant)
+        try:
+            await state.loop.submit(self)
+        except RedisUnavailable as e:
+            raise ApiError(503, f"the server cannot take requests right now: {e}", code="unavailable",
+                           type="service_unavailable") from None
+        log.info("request %s submitted: %d prompt tokens, max_tokens %d, n %d", self.request_id,
+                 len(self.prompt_token_ids), self.sampling.max_tokens, len(self.gens))
+
+    def meta(self, api_id: str) -> dict:
+        """The record's description of it (records.py); with the submission, enough to adopt it."""
+        return {"kind": self.kind, "model": self.model, "created": self.created, "n": len(self.gens),
+                "stop": self.stop, "logprobs": self.sampling.logprobs, "api_id": api_id, "tenant": self.tenant}
+
+    def group_submit(self) -> SubmitRequest:
+        """The one submission of all its sequences (the scheduler forks n > 1)."""
+        return replace(self.gens[0].submit_message(), request_id=self.request_id, sampling=self.sampling)
+
+    @property
+    def why(self) -> str | None:
+        """What ended it: the first sequence's reason (all end together when a client leaves)."""
+        return self.gens[0].why
+
+    async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
+        """(index, output) of every sequence until all finish."""
+        if len(self.gens) == 1:  # one layer less per token
+            gen = self.gens[0]
+            while (out := await gen.next()) is not None:
+                yield 0, out
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, gen: Generation) -> None:
+            try:
+                while (out := await gen.next()) is not None:
+                    await merged.put((index, out))
+            finally:
+                await merged.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i, gen)) for i, gen in enumerate(self.gens)]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                index, out = await merged.get()
+                if out is None:
+                    num_running -= 1
+                else:
+                    yield index, out
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self, reason: str) -> None:
+        """Abort every sequence not finished yet."""
+        for gen in self.gens:
+            gen.abort(reason)
+
+    def usage(self) -> dict:
+        """The prompt once, the completions of every sequence."""
+        first = self.gens[0].usage()
+        completion = sum(len(gen.token_ids) for gen in self.gens)
+        usage = {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion,
+                 "total_tokens": first["prompt_tokens"] + completion}
+        cached = max(gen.num_cached_tokens for gen in self.gens)
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
