@@ -53,3 +53,9 @@ def test_a_stamp_from_another_build_is_not_cached(tmp_path, monkeypatch):
     assert not cpu_extensions.is_built("fused")
     stamp.write_text(cpu_extensions._stamp("fused"))
     assert cpu_extensions.is_built("fused")
+
+
+def test_jobs_below_one_is_refused(tmp_path):
+    out = _build(tmp_path, "--jobs", "0")
+    assert out.returncode == 2 and out.stderr.strip().endswith("--jobs must be at least 1, got 0")
+    assert list(tmp_path.iterdir()) == []
