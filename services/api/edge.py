@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
 
 from pagedserve.services.api.admission import RequestLimits
 from pagedserve.services.api.inputs import ModelInfo, prepare
@@ -35,7 +36,7 @@ class ApiState:
     api_key: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
 
-    async def accept(self, raw: bytes | str, conn, cls=None, listen: bool = True) -> ApiRequest:
+    async def accept(self, raw: bytes | str, conn: HTTPConnection, cls=None, listen: bool = True) -> ApiRequest:
         """Every submitting route's edge: parse and validate once (protocol, inputs.prepare), then
         admit and submit. ApiError means nothing was submitted. `conn` gives the tenant when the
         body names no user; listen False: nobody streams it from here (REST)."""

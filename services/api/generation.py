@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pagedserve.services.api.detokenizer import Detokenizer
-from pagedserve.services.api.loop import ApiLoop
 from pagedserve.services.api.metrics import ApiMetrics
 from pagedserve.shared.messages import RequestDelta, SampledToken, SubmitRequest
 from pagedserve.shared.parallel_sampling import child_sampling
 
 if TYPE_CHECKING:
+    from pagedserve.services.api.loop import ApiLoop
     from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api")

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from pagedserve.services.api.admission import REFRESH_S, AdmissionGate
 from pagedserve.services.api.control import ControlCommands
+from pagedserve.services.api.generation import Generation, Output
 from pagedserve.services.api.records import RecordStore
 from pagedserve.shared import redis_io
 from pagedserve.shared.codec import pack
@@ -32,7 +33,6 @@ from pagedserve.shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, He
 from pagedserve.shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
 
 if TYPE_CHECKING:
-    from pagedserve.services.api.generation import Generation, Output
     from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api.loop")
@@ -137,8 +137,6 @@ class ApiLoop(ControlCommands):
 
     def end(self, gen: Generation, reason: str, why: str) -> None:
         """End a live sequence: abort it at the scheduler, record the finish, wake its listener."""
-        from pagedserve.services.api.generation import Output
-
         self.abort(gen.sequence_id, why)
         gen._finish(reason, why)
         out = Output("", [], finish_reason=reason)
