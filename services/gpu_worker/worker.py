@@ -16,6 +16,7 @@ from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
 from pagedserve.services.gpu_worker.host_memory import keep_freed_memory
 from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from pagedserve.services.gpu_worker.model.llama import build_model
+from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
@@ -85,6 +86,11 @@ class Worker:
             scheduled.append(cached.request_id)
         return scheduled
 
+    def _greedy(self, hidden: torch.Tensor) -> list[int]:
+        screened = self.model.screened_head
+        tokens = screened.tokens(hidden) if screened is not None and len(hidden) >= SCREEN_MIN_ROWS else None
+        return tokens if tokens is not None else greedy_tokens(self.model.compute_logits(hidden, as_float=False))
+
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         scheduled = [r for r in self._apply_plan(plan) if self.requests[r].num_scheduled_tokens > 0]
@@ -116,7 +122,7 @@ class Worker:
             sample_states = [self.requests[r] for r in sample_ids]
             params = [s.sampling for s in sample_states]
             if plain_greedy(params):  # the argmax straight from the model's logits
-                tokens = greedy_tokens(self.model.compute_logits(hidden[sample_rows], as_float=False))
+                tokens = self._greedy(hidden[sample_rows])
                 result.sampled = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
             else:
                 logits = self.model.compute_logits(hidden[sample_rows])

@@ -99,8 +99,9 @@ def test_rotary_in_place_on_a_strided_view(dtype):
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], untouched_v)
 
 
-def test_argmax_rows_is_torch_max_indices_first_on_ties():
-    logits = _rand(37, 49152, seed=9, scale=5)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_rows_is_torch_max_indices_first_on_ties(dtype):
+    logits = _rand(37, 49152, seed=9, scale=5, dtype=dtype)
     logits[3, 100] = logits[3, 7] = logits[3].max() + 1  # a tie: the first index wins
     logits[5] = 0.0  # a row of equal values: index 0
     expected = logits.float().max(dim=1).indices

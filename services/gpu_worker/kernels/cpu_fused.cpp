@@ -244,29 +244,31 @@ void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
 }
 
 // [N] int64: the index of each row's maximum in logits [N, V] (the first one on ties, as
-// torch.max(dim=1)), read straight from bf16: no float32 copy of the logits.
+// torch.max(dim=1)), read in place from bf16 or float32: no float32 copy, one vector pass.
 torch::Tensor argmax_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.scalar_type() == torch::kBFloat16 && logits.stride(-1) == 1,
-              "argmax_rows logits: bf16, contiguous last dim");
+  const bool is_bf16 = check_dtype(logits, "argmax_rows logits", logits);
   const int64_t N = logits.size(0), V = logits.size(1);
   auto out = torch::empty({N}, torch::kInt64);
   int64_t* idx = out.data_ptr<int64_t>();
-  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const bf16* row = logits.data_ptr<bf16>() + n * logits.stride(0);
-      float best = -INFINITY;
+  by_dtype(is_bf16, [&](auto tag) {
+    using T = decltype(tag);
+    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const T* row = logits.data_ptr<T>() + n * logits.stride(0);
+        float best = -INFINITY;
 #pragma omp simd reduction(max : best)
-      for (int64_t v = 0; v < V; ++v) best = std::max(best, widen(row[v]));
-      int64_t at = 0;
-      while (at < V - 1 && widen(row[at]) != best) ++at;
-      idx[n] = at;
-    }
+        for (int64_t v = 0; v < V; ++v) best = std::max(best, load(row[v]));
+        int64_t at = 0;
+        while (at < V - 1 && load(row[at]) != best) ++at;
+        idx[n] = at;
+      }
+    });
   });
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 logits",
+  m.def("argmax_rows", &argmax_rows, "row-wise argmax of bf16 or float32 logits",
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());

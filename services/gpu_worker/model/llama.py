@@ -12,6 +12,7 @@ from pagedserve.services.gpu_worker.model import gguf_blocks
 from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.linear import PackedLinear
 from pagedserve.services.gpu_worker.model.rotary_embedding import RotaryEmbedding
+from pagedserve.services.gpu_worker.model.screened_head import ScreenedHead
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
@@ -120,8 +121,9 @@ class LlamaForCausalLM(torch.nn.Module):
         fused = cpu_extensions.load("fused") if optimized and fusable else None
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         gguf = getattr(self, "gguf_blocks", {}) if optimized and on_cpu else {}
-        self.head = PackedLinear(self.embed_tokens if self.lm_head is None else self.lm_head, optimized,
-                                 gguf.get(head_name))
+        head_weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.head = PackedLinear(head_weight, optimized, gguf.get(head_name))
+        self.screened_head = ScreenedHead.build(head_weight) if optimized else None  # float32 greedy
         self.fused = fused  # None: every layer on plain torch ops (forward); else forward_fused
         for i, layer in enumerate(self.layers):
             layer.prepare(fused, optimized, self._layer_blocks(gguf, i))

@@ -51,8 +51,9 @@ def plain_greedy(params: list[SamplingParams]) -> bool:
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """Row argmax of logits [N, V] (first on ties); CPU bf16 is read in place by the fused kernel."""
-    fused = cpu_extensions.load("fused") if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" else None
+    """Row argmax of logits [N, V] (first on ties); CPU bf16 or float32 is read in place by the fused kernel."""
+    on_cpu = logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float32) and logits.dim() == 2
+    fused = cpu_extensions.load("fused") if on_cpu else None
     if fused is not None:
         return fused.argmax_rows(logits).tolist()
     return logits.max(dim=1).indices.tolist()
