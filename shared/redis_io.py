@@ -132,15 +132,6 @@ async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapp
             for stream, expected in streams.items() for entry_id, fields in by_stream.get(stream) or []]
 
 
-async def latest_entry(r: aioredis.Redis, stream: str, expected: type) -> tuple[bytes, Any] | None:
-    """The newest decodable entry of a stream (a late joiner's bootstrap), or None."""
-    for entry_id, fields in await r.xrevrange(stream, count=16):
-        entry = _decode(stream, entry_id, fields, (expected,))
-        if entry.error is None:
-            return entry_id, entry.message
-    return None
-
-
 async def newest_per_worker(r: aioredis.Redis, stream: str, expected: type, count: int = 1000) -> list[tuple[bytes, Any]]:
     """The newest decodable entry of each worker_id among the last `count`, oldest first."""
     newest: dict[str, tuple[bytes, Any]] = {}

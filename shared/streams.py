@@ -24,8 +24,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 # the fixed streams: attribute of Keys -> the parts of its name after the prefix
 FIXED_STREAMS = {"requests": ("requests",), "kv_alloc": ("kv", "alloc"), "kv_reply": ("kv", "reply"),
-                 "worker_results": ("worker", "results"), "worker_hello": ("worker", "hello"),
-                 "control": ("control",)}  # control: admin commands the kvstore answers (e.g. leak check)
+                 "worker_results": ("worker", "results"), "worker_hello": ("worker", "hello")}
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,6 @@ class Keys:
     kv_reply: str = field(init=False, repr=False)
     worker_results: str = field(init=False, repr=False)
     worker_hello: str = field(init=False, repr=False)
-    control: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, parts in FIXED_STREAMS.items():

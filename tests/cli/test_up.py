@@ -5,7 +5,6 @@ child gone, the Redis port closed, exit 0."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -46,7 +45,6 @@ class Output:
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self.lines: list[str] = []
-        self._q: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
 
     def _pump(self, proc: subprocess.Popen) -> None:
