@@ -37,6 +37,16 @@ def test_stop_conditions(sampling, max_model_len, expected_output, reason):
     assert [len(r.deltas) for r in records] == [1] * len(expected_output) + [0]
 
 
+def _freed_by_next_step(scheduler, allocator, worker, request_id: str, everything: bool = True):
+    """Run a step: it frees `request_id` at the kvstore and the worker (and, by default, all)."""
+    record = run_step(scheduler, allocator, worker)
+    assert record.alloc_request.free_request_ids == [request_id]
+    assert record.plan.finished_request_ids == [request_id]
+    if everything:
+        assert allocator.tables == {} and worker.requests == {}
+    return record
+
+
 def test_a_finished_request_is_freed_by_the_next_step():
     scheduler, allocator, worker = make_stack()
     scheduler.add_request(make_request("a", max_tokens=1))
@@ -44,10 +54,7 @@ def test_a_finished_request_is_freed_by_the_next_step():
     assert first.deltas == [RequestDelta("a", [token_at("a", 8)], "length", 8, 1, 0)]
     assert allocator.tables == {"a": [0, 1]} and scheduler.has_requests()
 
-    second = run_step(scheduler, allocator, worker)
-    assert second.alloc_request.free_request_ids == ["a"]
-    assert second.plan.finished_request_ids == ["a"]
-    assert allocator.tables == {} and worker.requests == {}
+    _freed_by_next_step(scheduler, allocator, worker, "a")
     assert not scheduler.has_requests()
 
 
@@ -60,9 +67,7 @@ def test_abort_a_waiting_request():
     assert not scheduler.abort_request("b")
     assert (scheduler.num_running, scheduler.num_waiting) == (1, 0)
 
-    record = run_step(scheduler, allocator, worker)
-    assert record.alloc_request.free_request_ids == ["b"]
-    assert record.plan.finished_request_ids == ["b"]
+    record = _freed_by_next_step(scheduler, allocator, worker, "b", everything=False)
     assert record.deltas == [
         RequestDelta("b", [], "abort", 8, 0, 0),
         RequestDelta("a", [token_at("a", 9)], None, 8, 2, 0),
@@ -95,10 +100,7 @@ def test_abort_while_awaiting_the_alloc_reply_still_runs_what_the_kvstore_grante
     assert not scheduler.abort_request("a")
     assert scheduler.on_result(worker.execute(plan)) == [RequestDelta("a", [], "abort", 8, 0, 0)]
 
-    record = run_step(scheduler, allocator, worker)
-    assert record.alloc_request.free_request_ids == ["a"]
-    assert record.plan.finished_request_ids == ["a"]
-    assert allocator.tables == {} and worker.requests == {}
+    _freed_by_next_step(scheduler, allocator, worker, "a")
 
 
 def test_abort_while_the_step_runs_drops_its_token():
@@ -110,10 +112,7 @@ def test_abort_while_the_step_runs_drops_its_token():
     assert [t.request_id for t in result.sampled] == ["a"]
     assert scheduler.on_result(result) == [RequestDelta("a", [], "abort", 8, 0, 0)]
 
-    record = run_step(scheduler, allocator, worker)
-    assert record.alloc_request.free_request_ids == ["a"]
-    assert record.plan.finished_request_ids == ["a"]
-    assert allocator.tables == {} and worker.requests == {}
+    _freed_by_next_step(scheduler, allocator, worker, "a")
 
 
 def test_unknown_ids_cannot_be_aborted():
