@@ -29,3 +29,13 @@ def hf_model():
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                  dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def engine_f32():
+    """The in-process engine in float32 (256 blocks), the reference the stack's outputs are
+    compared with; built once, as loading the model is most of its cost."""
+    from pagedserve.services.engine import Engine
+    from pagedserve.shared.config import EngineConfig
+
+    return Engine(EngineConfig(dtype="float32", num_blocks=256))

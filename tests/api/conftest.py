@@ -22,7 +22,7 @@ import redis
 
 from pagedserve.shared.codec import unpack
 from pagedserve.shared.streams import FIELD, Keys
-from tests.services.conftest import REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
+from tests.services.conftest import DEFAULT_ARGS, REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
 from tests.waiting import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,14 +111,17 @@ def api_alone(tmp_path_factory):
         _delete_prefix(prefix)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def backend(tmp_path_factory):
-    stack = start_backend(tmp_path_factory.mktemp("stack"))
+    """One back-end for every api module that does not need its own configuration (starting a
+    worker loads the model); its worker is named 0, as the dashboard's map is keyed by worker id.
+    Tests that share it leave it idle and compare counters before and after, never absolute."""
+    stack = start_backend(tmp_path_factory.mktemp("stack"), args={"worker": [*DEFAULT_ARGS["worker"], "--worker-id", "0"]})
     yield stack
     stack.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack_api(backend: ServiceStack, tmp_path_factory):
     api = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix)
     try:

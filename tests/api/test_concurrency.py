@@ -14,8 +14,6 @@ import openai
 import pytest
 import websockets
 
-from pagedserve.services.engine import Engine
-from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -33,8 +31,8 @@ def _max_tokens(i: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tokenizer):
-    engine = Engine(EngineConfig(dtype="float32", num_blocks=256))
+def reference(tokenizer, engine_f32):
+    engine = engine_f32
     outs = []
     for i in range(NUM_REQUESTS):
         (out,) = engine.generate([tokenizer.apply_chat_template(_chat(i))],

@@ -12,20 +12,12 @@ import httpx
 import pytest
 
 from tests.api.chromium import VIEWPORT, Chromium, chromium_path
-from tests.services.conftest import DEFAULT_ARGS, start_backend, wait_for
+from tests.services.conftest import wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(chromium_path() is None,
                                  reason="Debian's chromium is not installed (scripts/install.sh --test installs it)")]
 NUM_REQUESTS, MAX_TOKENS = 4, 96
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    """The api tests' back-end, its worker named 0 (the map is keyed by worker id)."""
-    stack = start_backend(tmp_path_factory.mktemp("stack"), args={"worker": [*DEFAULT_ARGS["worker"], "--worker-id", "0"]})
-    yield stack
-    stack.close()
 
 
 @pytest.fixture(scope="module")

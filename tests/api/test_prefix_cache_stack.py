@@ -11,8 +11,6 @@ import json
 import httpx
 import pytest
 
-from pagedserve.services.engine import Engine
-from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 from tests.api.conftest import API_KEY
 from tests.services.conftest import wait_for
@@ -24,8 +22,8 @@ SEED, N, MAX_TOKENS = 11, 3, 8
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(EngineConfig(dtype="float32", num_blocks=256))
+def engine(engine_f32):
+    return engine_f32
 
 
 def _kv(backend) -> dict:

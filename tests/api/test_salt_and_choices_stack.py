@@ -17,8 +17,6 @@ import json
 import pytest
 import websockets
 
-from pagedserve.services.engine import Engine
-from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 from tests.services.conftest import wait_for
 
@@ -116,9 +114,9 @@ def test_the_salt_keys_chat_prompts_too(oai, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def alone(tokenizer) -> list:
+def alone(tokenizer, engine_f32) -> list:
     """Choice i of the seeded request: seed + i, alone, in the in-process engine."""
-    engine = Engine(EngineConfig(dtype="float32", num_blocks=256))
+    engine = engine_f32
     outs = [engine.generate([CHOICES_PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9,
                                                              seed=SEED + i, ignore_eos=True), decode=True)[0]
             for i in range(N)]

@@ -18,8 +18,6 @@ import httpx
 import pytest
 import websockets
 
-from pagedserve.services.engine import Engine
-from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 from tests.api.test_inputs import BAD_BODIES
 from tests.services.conftest import wait_for
@@ -35,9 +33,9 @@ LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}  # runs until 
 
 
 @pytest.fixture(scope="module")
-def reference(tokenizer):
+def reference(tokenizer, engine_f32):
     """Greedy outputs of the in-process engine, one request at a time like the tests send."""
-    engine = Engine(EngineConfig(dtype="float32", num_blocks=256))
+    engine = engine_f32
     outputs = []
     for chat in CHATS:
         (out,) = engine.generate([tokenizer.apply_chat_template(chat)],
@@ -210,8 +208,8 @@ def test_leaving_while_queued_frees_everything(stack_api, backend, tokenizer):
         with stack_api.client(timeout=httpx.Timeout(60.0, read=5.0)) as c2, pytest.raises(httpx.ReadTimeout):
             c2.post("/v1/completions", json={"prompt": other_prompt, **LONG})
 
-    with stack_api.client() as c, c.stream("POST", "/v1/completions",
-                                           json={"prompt": big_prompt, "stream": True, **LONG}) as r:
+    with stack_api.client(timeout=300) as c, c.stream("POST", "/v1/completions",
+                                                      json={"prompt": big_prompt, "stream": True, **LONG}) as r:
         lines = r.iter_lines()
         wait_for(lambda: next(lines).startswith("data:"), 300, "the big request to stream")
         with ThreadPoolExecutor(1) as pool:

@@ -22,8 +22,8 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(EngineConfig(dtype="float32", num_blocks=256))
+def engine(engine_f32):
+    return engine_f32
 
 
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine, prompt_ids):

@@ -38,17 +38,13 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference(prompt_ids) -> dict[str, list[list[int]]]:
+def reference(prompt_ids, engine_f32) -> dict[str, list[list[int]]]:
     """The in-process engine's greedy tokens for LONG, and for SHORT the same cut at its
     max_tokens or after the first EOS (greedy picks the same tokens whatever the stopping
     rule). Computed before the stack starts, so the two do not share the CPU."""
-    from pagedserve.services.engine import Engine
-    from pagedserve.shared.config import EngineConfig
-
-    engine = Engine(EngineConfig(dtype="float32", num_blocks=256))
+    engine = engine_f32
     long = [o.token_ids for o in engine.generate(prompt_ids, LONG)]
     eos = set(engine.eos_token_ids)
-    del engine
     short = []
     for tokens in long:
         tokens = tokens[:SHORT.max_tokens]
