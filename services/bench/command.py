@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from pagedserve.services.bench import codec, fairness, latency, profile, serve, throughput
+from pagedserve.services.bench.named_workloads import WORKLOADS
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="random-64",
-                        help="random-64, shared-prefix-32, decode-heavy-128 or FILE.json")
+                        help=f"{', '.join(WORKLOADS)} or FILE.json")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="auto: bfloat16 where the CPU computes it natively (AVX-512 BF16/AMX), else float32")

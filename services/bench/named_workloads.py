@@ -48,4 +48,8 @@ WORKLOADS: dict[str, Callable[[], list[dict]]] = {
     "decode-heavy-128": lambda: random_mix(128, 3, 16, 64, 256, 256),
     # 8 system prompts of 512 tokens, 8 requests each (shuffled), 32 distinct tokens, 32 output tokens
     "multi-prefix-64": lambda: multi_prefix(8, 8, 4, 512, 32, 32),
+    # 256 short chats at once (prompts 16-64 tokens, 128 output tokens each): the control plane
+    "chat-256": lambda: random_mix(256, 7, 16, 64, 128, 128),
+    # prompts 32-512, outputs 16-256: the engine on a mix unlike random-64's
+    "mix-96": lambda: random_mix(96, 21, 32, 512, 16, 256),
 }
