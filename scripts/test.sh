@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 python3 -m ruff check shared services tests
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=15 "$@"
