@@ -155,9 +155,6 @@ def worker_threads(num_workers: int, threads_per_worker: int | None) -> int | No
 def child_env(redis_url: str, args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ, REDIS_URL=redis_url, PAGEDSERVE_PREFIX=args.prefix, PYTHONUNBUFFERED="1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the worker's OpenMP threads sleep between kernels instead of spinning: a spinning thread
-    # takes the core that the api, scheduler and kvstore (and a descheduled teammate) need
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.api_key:
         env["PAGEDSERVE_API_KEY"] = args.api_key  # the api reads it; kept off the command line
     return env
