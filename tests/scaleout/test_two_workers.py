@@ -137,7 +137,9 @@ def test_kill_9_of_a_worker_moves_its_requests_with_identical_greedy_text(stack)
 
     def run_all() -> list[str]:
         with ThreadPoolExecutor(16) as pool:
-            return [b["choices"][0]["text"] for b in pool.map(lambda p: stack.complete(p, 16, ignore_eos=True), prompts)]
+            # 40 tokens each: both workers stay mid-generation long after the 16 tokens
+            # the kill waits for, however fast the machine
+            return [b["choices"][0]["text"] for b in pool.map(lambda p: stack.complete(p, 40, ignore_eos=True), prompts)]
 
     reference = run_all()
     pids = stack.worker_pids()
