@@ -1,12 +1,16 @@
-"""The shape of a llama-family decoder, from an HF config.json or a GGUF header (same result)."""
+"""The shape of a decoder of one of the families (families.py), from an HF config.json or a
+GGUF header (same result)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-# rope types the model implements; anything else is refused at load time, not silently wrong
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from pagedserve.services.gpu_worker.model.families import family, gguf_family
+
+# rope types the model implements; anything else is refused at load time, not silently wrong.
+# freq_factors: a GGUF's rope_freqs tensor (llama3 scaling precomputed: inv_freq / factors)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
 
 @dataclass
@@ -25,6 +29,10 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
+    architecture: str = "llama"  # the family (families.py)
+    qkv_bias: bool = False  # q/k/v projections add a bias
+    o_bias: bool = False  # the output projection adds a bias
+    qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before rope
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -37,9 +45,12 @@ class ModelConfig:
     @staticmethod
     def from_hf_config(config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelConfig:
         """From a config.json dict (and optionally generation_config.json, whose eos ids are merged)."""
-        model_type = config.get("model_type", "llama")
-        if model_type not in ("llama", "mistral"):
-            raise ValueError(f"model_type {model_type!r} not supported (llama-family only)")
+        fam = family(config.get("model_type", "llama"))
+        if config.get("mlp_bias"):
+            raise ValueError("mlp_bias=true not supported")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config['hidden_act']!r} not supported for {fam.name} (silu)")
+        attention_bias = bool(config.get("attention_bias"))
         num_heads = config["num_attention_heads"]
         rope_theta, rope_scaling = _hf_rope(config)
         eos = _as_id_list(config.get("eos_token_id"))
@@ -57,20 +68,22 @@ class ModelConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            max_position_embeddings=_window_free_context(config),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos,
+            architecture=fam.name,
+            qkv_bias=fam.qkv_bias or attention_bias,
+            o_bias=attention_bias,
+            qk_norm=fam.qk_norm,
         )
 
     @staticmethod
     def from_gguf(reader) -> ModelConfig:
         """From a gguf.GGUFReader's header (keys '<arch>.*' and 'tokenizer.ggml.*')."""
         arch = _field(reader, "general.architecture")
-        if arch != "llama":
-            raise ValueError(f"GGUF architecture {arch!r} not supported (llama only)")
-        if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-            raise ValueError("GGUF with rope_freqs (llama3 rope scaling) not supported: use the HF directory")
+        fam = gguf_family(arch)
+        tensors = {t.name: t for t in reader.tensors}
         hidden = _field(reader, f"{arch}.embedding_length")
         num_heads = _field(reader, f"{arch}.attention.head_count")
         rope_scaling = None
@@ -79,6 +92,9 @@ class ModelConfig:
             rope_scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
         elif scaling_type != "none":
             raise ValueError(f"GGUF rope scaling {scaling_type!r} not supported")
+        if "rope_freqs.weight" in tensors:  # llama3 scaling, written out per dim pair
+            factors = [float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1)]
+            rope_scaling = {"rope_type": "freq_factors", "factors": factors}
         vocab_size = _field(reader, f"{arch}.vocab_size", None)
         if vocab_size is None:
             vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -95,14 +111,19 @@ class ModelConfig:
             num_layers=int(_field(reader, f"{arch}.block_count")),
             num_heads=int(num_heads),
             num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
-            head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // num_heads)),
+            head_dim=int(_field(reader, f"{arch}.attention.key_length",
+                                _field(reader, f"{arch}.rope.dimension_count", hidden // num_heads))),
             rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=rope_scaling,
             max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
-            tie_word_embeddings=all(t.name != "output.weight" for t in reader.tensors),
+            tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=eos,
+            architecture=fam.name,
+            qkv_bias="blk.0.attn_q.bias" in tensors,
+            o_bias="blk.0.attn_output.bias" in tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,
         )
 
 
@@ -113,6 +134,19 @@ def _field(reader, key: str, default: Any = KeyError) -> Any:
             raise KeyError(f"GGUF header lacks {key!r}")
         return default
     return reader.fields[key].contents()
+
+
+def _window_free_context(config: dict[str, Any]) -> int:
+    """max_position_embeddings, capped to the sliding window where any layer slides: the paged
+    kernels attend to the whole context, which equals a window only while the context fits it."""
+    context = config.get("max_position_embeddings", 2048)
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        slides = "sliding_attention" in layer_types
+    else:  # Mistral's window applies to every layer; Qwen's only with use_sliding_window
+        slides = config.get("use_sliding_window", config.get("model_type") == "mistral")
+    return min(context, int(window)) if slides and window else context
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

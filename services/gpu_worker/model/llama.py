@@ -1,5 +1,6 @@
-"""Llama decoder over one flat ragged sequence of T tokens (AttentionMetadata maps them to requests)
-with a paged KV cache; fused qkv/gate_up projections, uninitialized until loaded."""
+"""The llama-shaped decoder over one flat ragged sequence of T tokens (AttentionMetadata maps them
+to requests) with a paged KV cache; fused qkv/gate_up projections, uninitialized until loaded.
+The families (families.py) are switches in its config: q/k/v and o biases, per-head q/k norms."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device) if c.qkv_bias else None
+        self.o_bias = _param(c.hidden_size, dtype=dtype, device=device) if c.o_bias else None
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
         self.prepare(None, pack=False)
 
     def prepare(self, fused, pack: bool = True, blocks: dict | None = None) -> None:
@@ -84,10 +89,14 @@ class LlamaDecoderLayer(torch.nn.Module):
     def _attention(self, normed, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
         num_tokens = normed.shape[0]
         qkv = self.qkv(normed)  # [T, (H + 2 Hkv) * D]
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # per head, before rope (new contiguous tensors)
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.fused is not None and kv_cache.is_contiguous():
             # rotary on q and k and the K/V writes into the pool, one pass per token (cpu_fused.cpp)
             self.fused.rope_write_kv(q, k, v, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
@@ -95,7 +104,8 @@ class LlamaDecoderLayer(torch.nn.Module):
             q, k = rotary(positions, q, k, self.fused)
             backend.write_kv(k, v, kv_cache, meta)
         attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
-        return self.o(attn.reshape(num_tokens, self.q_size))
+        out = self.o(attn.reshape(num_tokens, self.q_size))
+        return out if self.o_bias is None else out + self.o_bias
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -208,6 +218,13 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.down_proj.copy_(state[mlp + "down_proj.weight"])
             layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
+            if layer.qkv_bias is not None:
+                layer.qkv_bias.copy_(torch.cat([state[attn + f"{x}_proj.bias"] for x in "qkv"]))
+            if layer.o_bias is not None:
+                layer.o_bias.copy_(state[attn + "o_proj.bias"])
+            if layer.q_norm is not None:
+                layer.q_norm.weight.copy_(state[attn + "q_norm.weight"])
+                layer.k_norm.weight.copy_(state[attn + "k_norm.weight"])
         self.prepare()
 
 
@@ -218,6 +235,12 @@ def canonical_names(config: ModelConfig) -> list[str]:
     per_layer = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
     per_layer += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
     per_layer += ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    if config.qkv_bias:
+        per_layer += [f"self_attn.{x}_proj.bias" for x in "qkv"]
+    if config.o_bias:
+        per_layer.append("self_attn.o_proj.bias")
+    if config.qk_norm:
+        per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     for i in range(config.num_layers):
         names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
     return names

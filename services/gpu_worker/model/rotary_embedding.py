@@ -1,4 +1,5 @@
-"""Rotary embedding (HF "rotate half"), linear and llama3 scaling; float32 angles as in transformers."""
+"""Rotary embedding (HF "rotate half"), linear and llama3 scaling (or a GGUF's rope_freqs);
+float32 angles as in transformers."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "freq_factors":  # llama.cpp's rope_freqs: theta_i / factor_i
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     # llama3: keep high frequencies, divide low ones by factor, interpolate in between
     factor = scaling["factor"]
     low_freq_factor = scaling["low_freq_factor"]

@@ -1,0 +1,48 @@
+"""Tiny random checkpoints of each supported family, built with transformers' own config and
+model classes (nothing downloaded), saved as HF folders; and their HF greedy reference."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB = 128
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+               # wide weights: greedy margins far above float32 rounding, so ties cannot flip a token
+               initializer_range=0.25)
+LLAMA3_ROPE = {"rope_theta": 10000.0, "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+# name -> (config class, model class, what sets it apart from the others)
+FAMILIES = {
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32, tie_word_embeddings=True)),
+    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+               dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False, eos_token_id=[2, 3])),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                dict(head_dim=16, sliding_window=None, tie_word_embeddings=False)),
+}
+
+
+def hf_checkpoint(name: str, seed: int = 0):
+    """A random float32 transformers model of the family, eval mode."""
+    config_class, model_class, extra = FAMILIES[name]
+    torch.manual_seed(seed)
+    return model_class(config_class(**{**_COMMON, **extra})).eval()
+
+
+def save_checkpoint(name: str, directory, seed: int = 0):
+    """Write the checkpoint's HF folder (config.json, generation_config.json, safetensors)."""
+    model = hf_checkpoint(name, seed)
+    model.save_pretrained(directory)
+    return model
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy tokens (no cache, no stop): the whole sequence re-run per token."""
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]

@@ -1,0 +1,86 @@
+"""One model definition for every family: each tiny random transformers checkpoint loads from its
+HF folder with the right switches, and its logits equal transformers' within 1e-4 (a prefill, and
+the same prompt in two chunks through the paged cache). Unsupported ones are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.llama import build_model
+from pagedserve.services.gpu_worker.model.weights import load_config
+from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, save_checkpoint
+from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
+
+SWITCHES = {  # family -> (architecture, qkv_bias, o_bias, qk_norm, tied)
+    "qwen2": ("qwen2", True, False, False, True),
+    "qwen3": ("qwen3", False, False, True, True),
+    "llama3": ("llama", False, False, False, False),
+    "mistral": ("mistral", False, False, False, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_match_transformers(tmp_path, name):
+    hf_model = save_checkpoint(name, tmp_path)
+    model = build_model(str(tmp_path), dtype=torch.float32)
+    c = model.config
+    assert (c.architecture, c.qkv_bias, c.o_bias, c.qk_norm, c.tie_word_embeddings) == SWITCHES[name]
+    assert load_config(str(tmp_path)) == c
+    prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+                                           [(prompt, 0, BLOCK_TABLE)]))
+    assert (logits - expected).abs().max() < 1e-4
+    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    run_step(model, kv_caches, [(prompt[:25], 0, BLOCK_TABLE)])
+    chunked = model.compute_logits(run_step(model, kv_caches, [(prompt[25:], 25, BLOCK_TABLE)]))
+    assert (chunked - expected[25:]).abs().max() < 1e-4
+
+
+def test_llama_attention_bias_adds_to_q_k_v_and_o(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, attention_bias=True)
+    hf_model = transformers.LlamaForCausalLM(config).eval()
+    for name, p in hf_model.named_parameters():  # transformers zeroes biases at init
+        if name.endswith("bias"):
+            torch.nn.init.normal_(p, std=0.5)
+    hf_model.save_pretrained(tmp_path)
+    model = build_model(str(tmp_path))
+    assert (model.config.qkv_bias, model.config.o_bias) == (True, True)
+    prompt = list(range(3, 40))
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+                                           [(prompt, 0, BLOCK_TABLE)]))
+    assert (logits - expected).abs().max() < 1e-4
+
+
+BASE = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=8192)
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "phi3", "falcon"])
+def test_unsupported_architecture_is_refused_naming_the_supported(model_type):
+    with pytest.raises(ValueError, match=rf"model_type '{model_type}' not supported \(supported: llama, mistral, "
+                                         r"qwen2, qwen3\)"):
+        ModelConfig.from_hf_config({**BASE, "model_type": model_type})
+
+
+def test_sliding_window_caps_the_context_where_a_layer_slides():
+    """The paged kernels attend to the whole context: a window is exact only while the context fits it."""
+    def context(**keys) -> int:
+        return ModelConfig.from_hf_config({**BASE, **keys}).max_position_embeddings
+
+    assert context(model_type="mistral", sliding_window=4096) == 4096
+    assert context(model_type="mistral", sliding_window=None) == 8192
+    assert context(model_type="qwen2", sliding_window=4096, use_sliding_window=False) == 8192
+    assert context(model_type="qwen2", sliding_window=4096, layer_types=["full_attention"] * 2) == 8192
+    assert context(model_type="qwen2", sliding_window=1024,
+                   layer_types=["full_attention", "sliding_attention"]) == 1024
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        ModelConfig.from_hf_config({**BASE, "model_type": "llama", "hidden_act": "gelu"})
