@@ -9,6 +9,9 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 <
                "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 
 
+KV_CACHE_DTYPES = ("auto", "int8")  # auto: the model's dtype; int8: per-row scales (kv_quant.py)
+
+
 class ConfigError(ValueError):
     pass
 
@@ -31,6 +34,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto: torch on CPU, triton on CUDA
     block_size: int = 16
     kv_cache_memory: str | int = "2GiB"  # CPU budget for the pool
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES: the pool's storage
     gpu_memory_utilization: float = 0.8  # fraction of free device memory on a GPU
     num_blocks: int | None = None  # overrides the memory budget (tests)
     max_num_seqs: int = 256
@@ -56,6 +60,7 @@ class EngineConfig:
              "one of auto, torch, triton, reference")
         need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size", "a power of two <= 128")
         parse_size(self.kv_cache_memory)
+        need(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}")
         need(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]")
         need(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "at least 1")
         need(self.max_num_seqs >= 1, "max_num_seqs", "at least 1")

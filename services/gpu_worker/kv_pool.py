@@ -1,10 +1,12 @@
-"""The physical KV block pool, allocated once: per layer [2, num_blocks, block_size, Hkv, D].
-A block id means the same rows in every layer; ownership is the kvstore's business."""
+"""The physical KV block pool, allocated once: per layer [2, num_blocks, block_size, Hkv, D]
+(int8: D + 2, each row's scale after it, kv_quant.py). A block id means the same rows in every
+layer; ownership is the kvstore's business."""
 
 from __future__ import annotations
 
 import torch
 
+from pagedserve.services.gpu_worker.attention.kv_quant import row_width
 from pagedserve.services.gpu_worker.host_memory import huge_pages_zeros
 from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.shared.config import EngineConfig, parse_size
@@ -12,7 +14,7 @@ from pagedserve.shared.config import EngineConfig, parse_size
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+    return 2 * model.num_layers * block_size * model.num_kv_heads * row_width(model.head_dim, dtype) * elem
 
 
 def num_blocks_for(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
@@ -35,7 +37,7 @@ class KVPool:
                  device: torch.device | str = "cpu"):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        shape = (2, num_blocks, block_size, model.num_kv_heads, row_width(model.head_dim, dtype))
         # zeros, not empty: a never-written slot must not hold NaN that a masked lane reads
         if torch.device(device).type == "cpu":
             self.kv_caches = [huge_pages_zeros(shape, dtype) for _ in range(model.num_layers)]

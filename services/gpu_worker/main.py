@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto", help="auto, torch, triton or reference")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on CPU (e.g. 512MiB, 2GiB)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV pool storage: auto (the model's dtype) or int8")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.8,
                         help="fraction of free GPU memory for the KV pool")
     parser.add_argument("--num-blocks", type=int, default=None, help="pool size in blocks (overrides the budget)")
@@ -40,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                         attention_backend=args.attention_backend, block_size=args.block_size,
-                        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+                        kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
                         num_blocks=args.num_blocks, max_model_len=args.max_model_len, seed=args.seed)
 
 

@@ -11,6 +11,7 @@ import torch
 
 from pagedserve.services.gpu_worker.attention import get_backend
 from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
+from pagedserve.services.gpu_worker.attention.kv_quant import cache_dtype
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
 from pagedserve.services.gpu_worker.host_memory import keep_freed_memory
@@ -46,8 +47,9 @@ class Worker:
         self.model_config = self.model.config
         self.backend = get_backend(self._backend_name())
         self.block_size = config.block_size
-        num_blocks = num_blocks_for(config, self.model_config, self.dtype, self.device)
-        self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.kv_dtype = cache_dtype(config.kv_cache_dtype, self.dtype)
+        num_blocks = num_blocks_for(config, self.model_config, self.kv_dtype, self.device)
+        self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.requests: dict[str, _RequestState] = {}
         log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB) in %.1fs",
                  config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,

@@ -19,7 +19,7 @@ import httpx
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from pagedserve.services.launcher.supervisor import Child, Supervisor
-from pagedserve.shared.config import ConfigError, parse_size
+from pagedserve.shared.config import KV_CACHE_DTYPES, ConfigError, parse_size
 
 log = logging.getLogger("pagedserve.up")
 
@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-replicas", type=int, default=1,
                         help="api processes serving the port together (SO_REUSEPORT; default 1)")
     parser.add_argument("--kv-cache-memory", default="2GiB", help="KV pool budget on a CPU (default 2GiB)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                        help="KV pool storage: auto (the model's dtype) or int8 (about half the bytes per block)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
     parser.add_argument("--workers", type=int, default=1,
                         help="workers to start (data parallel: each its own model copy and KV pool; default 1)")
@@ -115,7 +117,8 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     """(name, argv) of each service, in start order."""
     common = ["--redis-url", redis_url, "--prefix", args.prefix, "--log-level", args.log_level]
     kvstore = [] if args.prefix_caching else ["--no-prefix-caching"]
-    worker = ["--model", args.model, "--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory)]
+    worker = ["--model", args.model, "--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory),
+              "--kv-cache-dtype", args.kv_cache_dtype]
     if args.num_blocks is not None:
         worker += ["--num-blocks", str(args.num_blocks)]
     if args.device:

@@ -8,10 +8,11 @@
 // instead copies every block into a workspace and reads it again in SDPA: three passes over
 // the KV instead of one.
 //
-// Shapes (contiguous; query, out and kv_cache all float32 or all bfloat16):
+// Shapes (contiguous; query and out float32 or bfloat16, kv_cache the same or int8):
 //   query, out   [T, H, D]             T flat tokens of the step; rows token_idx[r] are decodes
 //                                      (query's rows may be strided: a view of the fused qkv)
-//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V
+//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V; int8: [.., D + 2], each row's bf16 scale
+//                                      after its values (kv_quant.py, KvRow), dequantized here
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
 // the output rounded to nearest-even once at the end. The AVX-512 paths hand requests out
@@ -198,7 +199,7 @@ inline DecodeBf16Fn pick_avx512_bf16(int64_t D, int64_t G, int64_t BS) {
 }
 #endif
 
-template <typename scalar_t>
+template <typename scalar_t, typename kv_t>
 void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
             torch::Tensor seq_lens, torch::Tensor token_idx, float scale) {
   const int64_t num_reqs = token_idx.size(0);
@@ -206,17 +207,18 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   const int64_t G = H / Hkv;
   const int64_t max_blocks = block_tables.size(1);
-  const int64_t token_stride = Hkv * D;  // between consecutive tokens of one block
+  const int64_t W = KvRow<kv_t>::width(D);  // a pool row: D, or D + 2 for int8
+  const int64_t token_stride = Hkv * W;  // between consecutive tokens of one block
   const scalar_t* q = query.data_ptr<scalar_t>();
   scalar_t* o = out.data_ptr<scalar_t>();
-  const scalar_t* k_pool = kv_cache.data_ptr<scalar_t>();
-  const scalar_t* v_pool = k_pool + NB * BS * Hkv * D;
+  const kv_t* k_pool = kv_cache.data_ptr<kv_t>();
+  const kv_t* v_pool = k_pool + NB * BS * token_stride;
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* rows = token_idx.data_ptr<int64_t>();
   const int64_t q_stride = query.stride(0);
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<kv_t, scalar_t>) {
     if (DecodeBf16Fn fn = pick_avx512_bf16(D, G, BS)) {
       fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
       return;
@@ -224,7 +226,7 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   }
 #endif
 #if defined(PAGEDSERVE_DECODE_SIMD)
-  if (DecodeFn<scalar_t> fn = pick_simd<scalar_t>(D, G)) {
+  if (DecodeFn<scalar_t, kv_t> fn = pick_simd<scalar_t, kv_t>(D, G)) {
     fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
     return;
   }
@@ -244,16 +246,17 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
       for (int64_t b = 0; b * BS < len; ++b) {
         const int64_t block = tables[r * max_blocks + b];
         const int64_t num_tokens = std::min(BS, len - b * BS);
-        const scalar_t* k_block = k_pool + block * BS * token_stride + kv_head * D;
-        const scalar_t* v_block = v_pool + block * BS * token_stride + kv_head * D;
+        const kv_t* k_block = k_pool + block * BS * token_stride + kv_head * W;
+        const kv_t* v_block = v_pool + block * BS * token_stride + kv_head * W;
         for (int64_t t = 0; t < num_tokens; ++t) {
-          const scalar_t* kt = k_block + t * token_stride;
+          const kv_t* kt = k_block + t * token_stride;
+          const float k_scale = KvRow<kv_t>::scale(kt, D);
           for (int64_t g = 0; g < G; ++g) {
             const float* qg = qf.data() + g * D;
             float s = 0.f;
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < D; ++d) s += qg[d] * widen(kt[d]);
-            p[g * BS + t] = s;
+            p[g * BS + t] = s * k_scale;
           }
         }
         for (int64_t g = 0; g < G; ++g) {
@@ -263,9 +266,10 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
           for (int64_t d = 0; d < D; ++d) ag[d] *= correction;
         }
         for (int64_t t = 0; t < num_tokens; ++t) {
-          const scalar_t* vt = v_block + t * token_stride;
+          const kv_t* vt = v_block + t * token_stride;
+          const float v_scale = KvRow<kv_t>::scale(vt, D);
           for (int64_t g = 0; g < G; ++g) {
-            const float weight = p[g * BS + t];
+            const float weight = p[g * BS + t] * v_scale;
             float* ag = acc.data() + g * D;
 #pragma omp simd
             for (int64_t d = 0; d < D; ++d) ag[d] += weight * widen(vt[d]);
@@ -287,18 +291,24 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor token_idx,
                             double scale) {
   const auto dtype = query.scalar_type();
-  TORCH_CHECK(dtype == kv_cache.scalar_type() && dtype == out.scalar_type() &&
+  const bool int8_kv = kv_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK((dtype == kv_cache.scalar_type() || int8_kv) && dtype == out.scalar_type() &&
                   (dtype == torch::kFloat32 || dtype == torch::kBFloat16),
-              "paged_decode_attention: query, out and kv_cache must all be float32 or all bfloat16");
+              "paged_decode_attention: query and out float32 or bfloat16, kv_cache the same or int8");
+  TORCH_CHECK(kv_cache.size(4) == (int8_kv ? query.size(2) + 2 : query.size(2)),
+              "paged_decode_attention: kv_cache rows must be head_dim wide (int8: head_dim + 2)");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous() &&
                   kv_cache.is_contiguous() && block_tables.is_contiguous(),
               "paged_decode_attention: contiguous tensors only (query: rows may be strided)");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0,
               "paged_decode_attention: num_heads must be a multiple of num_kv_heads");
+  const float s = static_cast<float>(scale);
   if (dtype == torch::kFloat32) {
-    decode<float>(out, query, kv_cache, block_tables, seq_lens, token_idx, static_cast<float>(scale));
+    if (int8_kv) decode<float, int8_t>(out, query, kv_cache, block_tables, seq_lens, token_idx, s);
+    else decode<float, float>(out, query, kv_cache, block_tables, seq_lens, token_idx, s);
   } else {
-    decode<c10::BFloat16>(out, query, kv_cache, block_tables, seq_lens, token_idx, static_cast<float>(scale));
+    if (int8_kv) decode<c10::BFloat16, int8_t>(out, query, kv_cache, block_tables, seq_lens, token_idx, s);
+    else decode<c10::BFloat16, c10::BFloat16>(out, query, kv_cache, block_tables, seq_lens, token_idx, s);
   }
 }
 

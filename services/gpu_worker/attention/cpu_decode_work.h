@@ -26,8 +26,30 @@ inline float widen(c10::BFloat16 x) {
   return f;
 }
 
+inline float widen(int8_t x) { return static_cast<float>(x); }
+
 template <typename T>
 inline T narrow(float x) { return static_cast<T>(x); }  // BFloat16: round to nearest even
+
+// A pool row of one (token, KV head): D values of kv_t; an int8 row (kv_quant.py) holds its
+// bfloat16 scale in the 2 bytes after the values. scale() is 1 for unquantized rows.
+template <typename kv_t>
+struct KvRow {
+  static constexpr bool kQuantized = false;
+  static constexpr int64_t width(int64_t D) { return D; }
+  static float scale(const kv_t*, int64_t) { return 1.f; }
+};
+
+template <>
+struct KvRow<int8_t> {
+  static constexpr bool kQuantized = true;
+  static constexpr int64_t width(int64_t D) { return D + 2; }
+  static float scale(const int8_t* row, int64_t D) {
+    c10::BFloat16 s;
+    std::memcpy(&s.x, row + D, sizeof s.x);
+    return widen(s);
+  }
+};
 
 // The step's work, longest first, taken one item at a time by whichever thread is free (a
 // static split stalls the batch behind a thread that lost its shared core).

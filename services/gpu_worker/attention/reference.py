@@ -1,9 +1,10 @@
-"""Dense float32 attention over contexts gathered token by token: the tests' reference."""
+"""Dense float32 attention over contexts gathered token by token (int8 rows dequantized): the tests' reference."""
 
 from __future__ import annotations
 
 import torch
 
+from pagedserve.services.gpu_worker.attention.kv_quant import from_cache, to_cache
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 
@@ -13,8 +14,8 @@ class ReferenceBackend:
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
         num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
         flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
-        flat[0, meta.slot_mapping] = key.to(kv_cache.dtype)
-        flat[1, meta.slot_mapping] = value.to(kv_cache.dtype)
+        flat[0, meta.slot_mapping] = to_cache(key, kv_cache)
+        flat[1, meta.slot_mapping] = to_cache(value, kv_cache)
 
     def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         block_size = kv_cache.shape[2]
@@ -25,8 +26,8 @@ class ReferenceBackend:
         for i, (q_len, s_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=False)):
             positions = torch.arange(s_len)
             blocks = meta.block_tables[i, positions // block_size].long()
-            k = kv_cache[0, blocks, positions % block_size].float()  # [s_len, Hkv, D]
-            v = kv_cache[1, blocks, positions % block_size].float()
+            k = from_cache(kv_cache[0, blocks, positions % block_size], torch.float32)  # [s_len, Hkv, D]
+            v = from_cache(kv_cache[1, blocks, positions % block_size], torch.float32)
             k = k.repeat_interleave(group, dim=1)  # [s_len, Hq, D]
             v = v.repeat_interleave(group, dim=1)
             q = query[start : start + q_len].float()  # [q_len, Hq, D]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagedserve.services.gpu_worker.attention.kv_quant import from_cache, to_cache
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
@@ -135,8 +136,9 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
 
 
 def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """C++ kernels need CPU tensors of one dtype, a contiguous pool and contiguous [H, D] query rows."""
-    return (query.device.type == "cpu" and query.dtype == kv_cache.dtype
+    """C++ kernels need CPU tensors (a pool of the query's dtype or int8), a contiguous pool and
+    contiguous [H, D] query rows."""
+    return (query.device.type == "cpu" and kv_cache.dtype in (query.dtype, torch.int8)
             and query.dtype in (torch.float32, torch.bfloat16) and kv_cache.is_contiguous()
             and query.stride(2) == 1 and query.stride(1) == query.shape[2])
 
@@ -157,12 +159,12 @@ class TorchPagedBackend:
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
         # flat view [2, num_blocks * block_size, Hkv, D]: row = slot
         flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
-        flat[0].index_copy_(0, meta.slot_mapping, key.to(kv_cache.dtype))
-        flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
+        flat[0].index_copy_(0, meta.slot_mapping, to_cache(key, kv_cache))
+        flat[1].index_copy_(0, meta.slot_mapping, to_cache(value, kv_cache))
 
     def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-        num_heads = query.shape[1]
+        _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape  # width: D, or D + 2 for int8
+        num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // num_kv_heads
         kernel = self._kernel if self._kernel_fits(query, kv_cache) else None
         prefill_kernel = self._prefill_kernel if self._prefill_kernel_fits(query, kv_cache) else None
@@ -176,7 +178,8 @@ class TorchPagedBackend:
             kernel.paged_decode_attention(out, query, kv_cache, d.block_tables, d.seq_lens, d.token_idx, scale)
         for b in plan.decodes:
             n = b.token_idx.numel()
-            kv = self._gather(by_block, b.block_ids, ws).view(2, n, -1, num_kv_heads, head_dim)
+            kv = self._gather(by_block, b.block_ids, ws).view(2, n, -1, num_kv_heads, width)
+            kv = from_cache(kv, query.dtype)
             q = query.index_select(0, b.token_idx).view(n, num_kv_heads, group, head_dim)
             o = F.scaled_dot_product_attention(
                 q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), attn_mask=b.mask, scale=scale)
@@ -186,7 +189,7 @@ class TorchPagedBackend:
             prefill_kernel.paged_prefill_attention(out, query, kv_cache, p.block_tables, p.seq_lens, p.q_lens,
                                                    p.q_starts, scale)
         for p in plan.prefills:
-            kv = self._gather(by_block, p.block_ids, ws).view(2, -1, num_kv_heads, head_dim)
+            kv = from_cache(self._gather(by_block, p.block_ids, ws).view(2, -1, num_kv_heads, width), query.dtype)
             # K/V [Hkv, group (stride 0), s, D]; q [Hkv, group, q_len, D]
             k = kv[0, : p.seq_len].transpose(0, 1)[:, None].expand(-1, group, -1, -1)
             v = kv[1, : p.seq_len].transpose(0, 1)[:, None].expand(-1, group, -1, -1)
@@ -201,6 +204,7 @@ class TorchPagedBackend:
 
     def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return (self._prefill_kernel is not None and _layout_fits(query, kv_cache) and query.dtype == torch.bfloat16
+                and kv_cache.dtype == query.dtype
                 and kv_cache.shape[2] % 16 == 0 and query.shape[2] in (64, 128))
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool, use_prefill_kernel: bool) -> _Plan:

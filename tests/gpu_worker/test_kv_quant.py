@@ -1,0 +1,116 @@
+"""int8 KV cache: the row format against plain torch, and every attention path reading int8 pools
+against the float32 reference over random paged layouts (test_attention.make_step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedserve.services.gpu_worker.attention import kv_quant
+from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
+from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
+from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
+from pagedserve.services.gpu_worker.model.config import ModelConfig
+from tests.gpu_worker.test_attention import _cpu_meta, make_step, steps
+
+# the kernels sum in float32 in another order than the reference; bf16 queries round the output
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+def int8_step(**step):
+    meta, cache, q, k, v = make_step(**step)
+    return meta, kv_quant.quantize(cache), q, k, v
+
+
+def check_int8_against_reference(backend, meta, cache, q, k, v):
+    """write_kv stores exactly quantize(k), quantize(v); attend matches float32 attention over the
+    dequantized pool (the reference reading int8 equals the reference reading its float32 copy)."""
+    scale = q.shape[-1] ** -0.5
+    ref_cache, cache = cache.cpu().clone(), cache.clone()
+    reference, cpu_meta = ReferenceBackend(), _cpu_meta(meta)
+    reference.write_kv(k.cpu(), v.cpu(), ref_cache, cpu_meta)
+    backend.write_kv(k, v, cache, meta)
+    assert torch.equal(cache.cpu(), ref_cache)
+    slots = cpu_meta.slot_mapping
+    flat = ref_cache.view(2, -1, *ref_cache.shape[3:])
+    assert torch.equal(flat[0, slots], kv_quant.quantize(k.cpu())) and torch.equal(flat[1, slots], kv_quant.quantize(v.cpu()))
+    expected = reference.attend(q.cpu(), ref_cache, cpu_meta, scale)
+    dense = reference.attend(q.cpu(), kv_quant.dequantize(ref_cache), cpu_meta, scale)
+    torch.testing.assert_close(expected, dense, atol=0, rtol=0)
+    got = backend.attend(q, cache, meta, scale)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got.cpu().float(), expected.float(), **TOLERANCE[q.dtype])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 4), st.sampled_from([2, 8, 64, 128]),
+       st.sampled_from([torch.float32, torch.bfloat16]), st.floats(1e-3, 1e3), st.integers(0, 2**31 - 1))
+def test_rows_round_trip_within_half_a_step(tokens, heads, head_dim, dtype, magnitude, seed):
+    x = (torch.randn(tokens, heads, head_dim, generator=torch.Generator().manual_seed(seed)) * magnitude).to(dtype)
+    rows = kv_quant.quantize(x)
+    assert rows.dtype == torch.int8 and rows.shape == (tokens, heads, head_dim + kv_quant.SCALE_BYTES)
+    scale = kv_quant.scales(rows)
+    absmax = x.float().abs().amax(-1, keepdim=True)
+    # the scale is max|x| / 127 rounded to bf16 (relative error <= 2^-9); values lie within half a step
+    torch.testing.assert_close(scale, absmax / 127, atol=0, rtol=2**-8)
+    assert rows[..., :head_dim].abs().max() <= 127
+    err = (kv_quant.dequantize(rows) - x.float()).abs()
+    assert bool((err <= scale * (0.5 + 1e-3) + absmax * 2**-8).all())
+
+
+def test_zero_rows_stay_zero_and_finite():
+    rows = kv_quant.quantize(torch.zeros(2, 3, 64))
+    assert torch.equal(kv_quant.dequantize(rows), torch.zeros(2, 3, 64))
+    never_written = torch.zeros(4, 3, 66, dtype=torch.int8)
+    assert torch.equal(kv_quant.dequantize(never_written), torch.zeros(4, 3, 64))
+
+
+def test_cache_dtype_and_row_width():
+    assert kv_quant.cache_dtype("auto", torch.bfloat16) is torch.bfloat16
+    assert kv_quant.cache_dtype("int8", torch.float32) is torch.int8
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        kv_quant.cache_dtype("fp8", torch.float32)
+    assert kv_quant.row_width(64, torch.int8) == 66 and kv_quant.row_width(64, torch.bfloat16) == 64
+
+
+def test_int8_pool_holds_more_than_1_9x_the_blocks_of_bf16():
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64; 66 bytes per row against 128
+    model = ModelConfig(vocab_size=10, hidden_size=576, intermediate_size=8, num_layers=30, num_heads=9,
+                        num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None,
+                        max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=None)
+    budget = 256 << 20
+    bf16, int8 = (budget // bytes_per_block(model, 16, d) for d in (torch.bfloat16, torch.int8))
+    assert bytes_per_block(model, 16, torch.int8) == 2 * 30 * 16 * 3 * 66
+    assert int8 / bf16 >= 1.9 and budget // bytes_per_block(model, 16, torch.float32) * 3.8 <= int8
+    pool = KVPool(model, 4, 16, torch.int8)
+    assert pool.kv_caches[0].shape == (2, 4, 16, 3, 66) and pool.kv_caches[0].dtype == torch.int8
+    assert pool.num_bytes == 4 * bytes_per_block(model, 16, torch.int8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps())
+def test_int8_random_layouts_match_reference(step):
+    for use_kernel in (False, True):
+        check_int8_against_reference(TorchPagedBackend(use_kernel), *int8_step(**step))
+
+
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["sdpa", "cpu-kernels"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_real_model_shape_mixed_batch(dtype, use_kernel):
+    requests = [(1, 200), (1, 137), (1, 1), (1, 16), (1, 17), (37, 100), (20, 20), (1, 63)]
+    step = int8_step(requests=requests, block_size=16, num_heads=9, num_kv_heads=3, head_dim=64, dtype=dtype,
+                     shared_blocks=8, seed=3)
+    check_int8_against_reference(TorchPagedBackend(use_kernel), *step)
+
+
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 1), (32, 128, 2), (16, 128, 8), (48, 64, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_decode_kernel_over_block_sizes_head_dims_and_groups(dtype, block_size, head_dim, group):
+    requests = [(1, 1), (1, 16), (1, 17), (1, block_size), (1, 3 * block_size - 5), (1, 211)]
+    step = int8_step(requests=requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
+                     head_dim=head_dim, dtype=dtype, seed=block_size + head_dim + group)
+    backend = TorchPagedBackend(use_kernel=True)
+    check_int8_against_reference(backend, *step)
+    assert backend._plan.kernel_decodes is not None and backend._plan.decodes == []
