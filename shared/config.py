@@ -16,6 +16,19 @@ class ConfigError(ValueError):
     pass
 
 
+# the offload tier (kvstore --kv-offload-memory): as big as one worker's default pool, so a
+# pool's worth of evicted prefixes stays loadable; Redis holds it, in host memory
+DEFAULT_KV_OFFLOAD_MEMORY = "2GiB"
+
+
+def kv_offload_bytes(text: str | int) -> int:
+    """The offload tier's budget in bytes (0: off); ConfigError naming kv_offload_memory."""
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise ConfigError(f"invalid config field 'kv_offload_memory'={text!r}: {e}") from None
+
+
 def parse_size(text: str | int) -> int:
     """'2GiB' -> 2147483648; a bare number is bytes."""
     if isinstance(text, int):

@@ -76,7 +76,9 @@ class AllocResult:
     status: str
     # appended blocks; the whole table on admission or a fork's first grant
     new_block_ids: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0  # prefix-cache hit for a newly admitted request
+    num_cached_tokens: int = 0  # prefix-cache hit for a newly admitted request (pool and tier)
+    # (block index, hash) of the cached blocks to load from the offload tier (the last of the hit)
+    tier_loads: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +95,8 @@ class AllocReply:
     blocks_stored: bytes = b""
     blocks_removed: bytes = b""
     all_blocks_cleared: bool = False
+    # (request id, block index, hash): full blocks the worker writes to the offload tier after the step
+    tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)
 
 
 KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix hash
@@ -110,6 +114,8 @@ class NewRequestData:
     num_scheduled_tokens: int
     sampling: SamplingParams
     num_output_tokens: int = 0
+    # (block index, hash) to load from the offload tier before computing; a miss is computed instead
+    tier_loads: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +137,7 @@ class StepPlan:
     finished_request_ids: list[str] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     reset: bool = False  # drop every request's state before applying this plan
+    tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)  # as AllocReply.tier_stores
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -154,6 +161,8 @@ class StepResult:
     step_id: int
     sampled: list[SampledToken] = field(default_factory=list)
     worker_id: str = ""  # who ran it: the results stream is shared by every worker
+    num_tier_loaded_blocks: int = 0  # loaded from the offload tier for this step
+    num_tier_missed_blocks: int = 0  # planned loads the tier could not give: computed instead
 
 
 @dataclass
@@ -232,3 +241,5 @@ class WorkerHello:
     model: str
     max_model_len: int
     eos_token_ids: list[int] = field(default_factory=list)
+    kv_tier_namespace: str = ""  # the offload tier's key for this pool's block format ("" : no tier)
+    kv_block_bytes: int = 0  # one block's contents, every layer

@@ -9,7 +9,8 @@ import contextlib
 import logging
 import uuid
 
-from pagedserve.shared import redis_io
+from pagedserve.services.gpu_worker import tier_blocks
+from pagedserve.shared import kv_tier, redis_io
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
 from pagedserve.shared.redis_io import Entry, Heartbeat
 from pagedserve.shared.streams import Keys
@@ -20,6 +21,7 @@ GROUP = "worker"
 HELLO_MAXLEN = 1000
 PLANS_AHEAD = 2  # plans read ahead of the step running (the scheduler has at most 2 in flight)
 STOP_POLL_S = 1.0
+TIER_LOAD_TIMEOUT_S = 5.0  # past it the worker computes the blocks it meant to load
 
 
 class WorkerLoop:
@@ -31,6 +33,10 @@ class WorkerLoop:
         self.incarnation = uuid.uuid4().hex
         self.last_step_id: int | None = None
         self.synced = False  # a reset plan has come since this worker started
+        kv_caches = worker.pool.kv_caches
+        self.tier_namespace = tier_blocks.pool_namespace(model, kv_caches, worker.block_size)
+        self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
+        self.tier_writes: set[asyncio.Task] = set()  # stores in flight, off the step's critical path
 
     async def run(self, stop: asyncio.Event) -> int:
         plans = self.keys.worker_plan(self.worker_id)
@@ -38,7 +44,8 @@ class WorkerLoop:
         heartbeat = Heartbeat(self.r, self.keys, f"worker:{self.worker_id}", self.incarnation)
         await heartbeat.start()
         hello = WorkerHello(self.worker_id, self.worker.num_blocks, self.worker.block_size, self.model,
-                            self.max_model_len, list(self.worker.model_config.eos_token_ids))
+                            self.max_model_len, list(self.worker.model_config.eos_token_ids),
+                            self.tier_namespace, self.tier_block_bytes)
         await redis_io.send(self.r, self.keys.worker_hello, hello, maxlen=HELLO_MAXLEN)
         log.info("worker %s ready: said hello (num_blocks=%d block_size=%d max_model_len=%d) incarnation=%s",
                  self.worker_id, hello.num_blocks, hello.block_size, hello.max_model_len, self.incarnation)
@@ -126,7 +133,15 @@ class WorkerLoop:
         for request_id, why in drop_bad_requests(plan, self.worker):
             log.error("step %d: request %s dropped from the plan: %s", plan.step_id, request_id, why)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.compute, self.worker.execute, plan)
+            blobs = await kv_tier.load_blocks(self.r, self.keys, self.tier_namespace,
+                                              tier_blocks.hashes_to_load(plan), TIER_LOAD_TIMEOUT_S)
+            result, moved = await asyncio.get_running_loop().run_in_executor(
+                self.compute, tier_blocks.execute, self.worker, plan, blobs)
+            if moved.stores:
+                task = asyncio.create_task(kv_tier.store_blocks(self.r, self.keys, self.tier_namespace, moved.stores))
+                self.tier_writes.add(task)
+                task.add_done_callback(self.tier_writes.discard)
+            return result
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)
             return StepResult(plan.step_id)

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
     _validate(manager, request)  # before anything changes: a bad request changes nothing
     manager.take_block_copies()  # a fine-grained caller's leftovers are not this step's
+    if manager.tier is not None:
+        manager.tier.begin_step()
     for fork in request.forks:
         manager.fork(fork.parent_id, fork.child_ids)
     for request_id in request.free_request_ids:
@@ -46,9 +48,11 @@ def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
             results[index] = AllocResult(candidate.request_id, ALLOC_NOT_ADMITTED)
         else:
             block_ids, num_cached_tokens = admitted
-            results[index] = AllocResult(candidate.request_id, ALLOC_OK, block_ids, num_cached_tokens)
+            results[index] = AllocResult(candidate.request_id, ALLOC_OK, block_ids, num_cached_tokens,
+                                         manager.take_tier_loads(candidate.request_id))
     return AllocReply(request.step_id, results, block_copies=manager.take_block_copies(),
-                      num_free_blocks=manager.num_free_blocks, num_blocks=manager.num_blocks)
+                      num_free_blocks=manager.num_free_blocks, num_blocks=manager.num_blocks,
+                      tier_stores=manager.tier.take_stores() if manager.tier is not None else [])
 
 
 def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],

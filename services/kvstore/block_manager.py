@@ -11,13 +11,16 @@ from pagedserve.services.kvstore.alloc_step import run_step
 from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
 from pagedserve.services.kvstore.block_pool import BlockPool
 from pagedserve.services.kvstore.block_table import BlockTable, num_blocks_for
+from pagedserve.services.kvstore.tier_link import TierLink
 from pagedserve.shared.messages import KEY_BYTES, AllocReply, AllocRequest
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = False,
-                 watermark: float = 0.01, hash_keys: Sequence[str] = (), record_events: bool = False) -> None:
-        """hash_keys: what besides tokens makes K/V differ (the model), mixed into every prefix hash."""
+                 watermark: float = 0.01, hash_keys: Sequence[str] = (), record_events: bool = False,
+                 tier: TierLink | None = None) -> None:
+        """hash_keys: what besides tokens makes K/V differ (the model), mixed into every prefix hash;
+        tier: the offload tier behind the pool (prefix caching only)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not 0.0 <= watermark < 1.0:
@@ -35,6 +38,9 @@ class BlockManager:
         self.num_block_copies = 0
         self.num_prefix_cache_resets = 0
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) since take_block_copies()
+        self.tier = tier if enable_prefix_caching else None
+        self.tier_hits = 0  # of prefix_cache_hits, tokens found in the tier (not in the pool)
+        self._tier_loads: dict[str, list[tuple[int, bytes]]] = {}  # admitted this step: blocks to load
 
     @property
     def num_blocks(self) -> int:
@@ -90,7 +96,7 @@ class BlockManager:
         new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
         table.blocks.extend(new_blocks)
         table.add_known_tokens(start, list(token_ids), self.block_size)
-        self._cache_full_blocks(table)
+        self._cache_full_blocks(request_id, table)
         return [block.block_id for block in new_blocks]
 
     def admit(self, request_id: str, num_tokens: int, num_new_tokens: int,
@@ -113,18 +119,26 @@ class BlockManager:
             if block is None:
                 break
             hit_blocks.append(block)
+        tier_hashes = block_hashes[len(hit_blocks): (num_tokens - 1) // self.block_size] if self.tier else []
+        tier_hashes = tier_hashes[: self.tier.num_hits(tier_hashes)] if tier_hashes else []
         num_free_after_hits = self.pool.num_free_blocks - sum(block.ref_cnt == 0 for block in hit_blocks)
         num_blocks_wanted = num_blocks_for(num_tokens, self.block_size) - len(hit_blocks)
         reserve = self.watermark_blocks if self.pool.num_held_blocks > 0 else 0
         if num_blocks_wanted + reserve > num_free_after_hits:
             return None
-        num_cached_tokens = len(hit_blocks) * self.block_size
+        num_cached_tokens = (len(hit_blocks) + len(tier_hashes)) * self.block_size
         if self.enable_prefix_caching:
             self.prefix_cache_queries += num_tokens
             self.prefix_cache_hits += num_cached_tokens
+            self.tier_hits += len(tier_hashes) * self.block_size
         self.pool.touch(hit_blocks)
-        table.blocks, table.num_tokens, table.num_hashed_blocks = hit_blocks, num_cached_tokens, len(hit_blocks)
+        # tier hits get fresh blocks, hashed below like computed ones: the worker loads them first
+        table.blocks = hit_blocks + self.pool.allocate(len(tier_hashes))
+        table.num_tokens, table.num_hashed_blocks = num_cached_tokens, len(hit_blocks)
         self._tables[request_id] = table
+        if tier_hashes:
+            self.tier.pin(request_id, tier_hashes)
+            self._tier_loads[request_id] = list(enumerate(tier_hashes, len(hit_blocks)))
         # cannot fail: min(...) slots fit in the num_blocks_wanted blocks checked above
         self.allocate_slots(request_id, min(num_new_tokens, num_tokens - num_cached_tokens))
         return self.get_block_ids(request_id), num_cached_tokens
@@ -145,6 +159,10 @@ class BlockManager:
         table = self._tables.get(request_id)
         return table is not None and table.is_fresh_fork
 
+    def take_tier_loads(self, request_id: str) -> list[tuple[int, bytes]]:
+        """(block index, hash) of the tier blocks the worker loads for a request admitted this step."""
+        return self._tier_loads.pop(request_id, [])
+
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self._block_copies = self._block_copies, []
         return copies
@@ -163,6 +181,9 @@ class BlockManager:
         table = self._tables.pop(request_id, None)
         if table is not None:
             self.pool.release(reversed(table.blocks))
+        if self.tier is not None:
+            self._tier_loads.pop(request_id, None)
+            self.tier.free(request_id)
 
     def preempt(self, request_id: str) -> None:
         """Free a running request; it will recompute from its prompt."""
@@ -189,12 +210,15 @@ class BlockManager:
         self._block_copies.append((shared.block_id, fresh.block_id))
         self.num_block_copies += 1
 
-    def _cache_full_blocks(self, table: BlockTable) -> None:
+    def _cache_full_blocks(self, request_id: str, table: BlockTable) -> None:
         """Hash newly full blocks at allocation: the worker writes a layer's K/V before any
-        attention reads it, so a later request in the same step may already hit them."""
+        attention reads it, so a later request in the same step may already hit them; the
+        worker stores them in the tier once the step that computes them has run."""
         num_hashable = min(table.num_tokens // self.block_size, len(table.block_hashes))
         for index in range(table.num_hashed_blocks, num_hashable):
             self.pool.cache(table.blocks[index], table.block_hashes[index])
+            if self.tier is not None:
+                self.tier.on_hashed(request_id, index, table.block_hashes[index])
         table.num_hashed_blocks = max(table.num_hashed_blocks, num_hashable)
 
     def stats(self) -> dict:
@@ -214,6 +238,7 @@ class BlockManager:
             "num_evictions": self.pool.num_evictions,
             "num_block_copies": self.num_block_copies,
             "num_prefix_cache_resets": self.num_prefix_cache_resets,
+            "prefix_cache_tier_hits": self.tier_hits,
         }
 
     def check_integrity(self) -> None:

@@ -14,6 +14,7 @@ import msgpack
 from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
 from pagedserve.services.kvstore.worker_pools import WorkerPools
 from pagedserve.shared import redis_io
+from pagedserve.shared.kv_tier import parse_tier_key, tier_key, tier_pattern
 from pagedserve.shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
 from pagedserve.shared.redis_io import Entry, Heartbeat
 from pagedserve.shared.streams import HEARTBEAT_TTL_S, Keys
@@ -32,13 +33,13 @@ NUM_RESET_IDS = 16
 
 class KvStoreLoop:
     def __init__(self, r, keys: Keys, enable_prefix_caching: bool = False, watermark: float = 0.01,
-                 check_every_step: bool | None = None) -> None:
+                 check_every_step: bool | None = None, tier_capacity_bytes: int = 0) -> None:
         self.r, self.keys = r, keys
         if check_every_step is None:
             check_every_step = os.environ.get("PAGEDSERVE_CHECK_INTEGRITY", "") not in ("", "0")
         self.check_every_step = check_every_step
         self.incarnation = uuid.uuid4().hex
-        self.pools = WorkerPools(enable_prefix_caching, watermark)
+        self.pools = WorkerPools(enable_prefix_caching, watermark, tier_capacity_bytes)
         self.hello_ids: dict[str, tuple[int, int]] = {}  # worker id -> newest hello entry id
         self.last_step_id: int | None = None
         self.integrity_error: str | None = None
@@ -55,6 +56,7 @@ class KvStoreLoop:
         await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
         await redis_io.ensure_group(self.r, self.keys.worker_hello, GROUP, skip_backlog=True)
         await self._bootstrap_workers()
+        await self._bootstrap_tier()
         heartbeat = Heartbeat(self.r, self.keys, "kvstore", self.incarnation)
         await heartbeat.start()
         log.info("kvstore ready: prefix=%s prefix_caching=%s incarnation=%s workers=%s", self.keys.prefix,
@@ -71,6 +73,7 @@ class KvStoreLoop:
                                 await self._on_hello(entry.entry_id, entry.message)
                         elif isinstance(entry.message, PrefixCacheReset):
                             self._reset_prefix_cache(entry.message)
+                            await self._delete_tier_evicted()
                         else:
                             await self._on_alloc(entry)
                     if time.monotonic() >= self.next_lease_check:
@@ -91,6 +94,30 @@ class KvStoreLoop:
                                                                  HELLO_SCAN):
             if await redis_io.get_incarnation(self.r, self.keys, f"worker:{hello.worker_id}") is not None:
                 await self._on_hello(entry_id, hello)
+
+    async def _bootstrap_tier(self) -> None:
+        """The tier's contents outlive this process in Redis: index what is there (sizes as stored;
+        order unknown, so LRU starts in scan order), deleting what no longer fits."""
+        tier = self.pools.tier
+        if tier is None:
+            return
+        keys = [key async for key in self.r.scan_iter(match=tier_pattern(self.keys), count=1000)]
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.strlen(key)
+        sizes = await pipe.execute() if keys else []
+        for key, size in zip(keys, sizes, strict=True):
+            parsed = parse_tier_key(self.keys, key.decode() if isinstance(key, bytes) else key)
+            if parsed is not None and size > 0:
+                tier.insert(parsed, size)
+        await self._delete_tier_evicted()
+        if keys:
+            log.info("offload tier: %d blocks (%d bytes) found in redis", len(tier), tier.used_bytes)
+
+    async def _delete_tier_evicted(self) -> None:
+        evicted = self.pools.take_tier_evicted()
+        if evicted:
+            await self.r.delete(*(tier_key(self.keys, namespace, h) for namespace, h in evicted))
 
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
         new, incarnation = await redis_io.accept_hello(self.r, self.keys, self.hello_ids, entry_id, hello.worker_id)
@@ -141,6 +168,7 @@ class KvStoreLoop:
                     if self.integrity_error is not None:
                         log.error("integrity check failed after step %d: %s", request.step_id, self.integrity_error)
         if reply is not None:
+            await self._delete_tier_evicted()  # before any worker could store a block anew under one
             await redis_io.send(self.r, self.keys.kv_reply, reply)
             self.stats_dirty, self.last_change = True, time.monotonic()
 

@@ -11,12 +11,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.services.kvstore.tier_index import TierIndex
+from pagedserve.services.kvstore.tier_link import TierLink
 from pagedserve.shared.messages import AllocReply, AllocRequest, WorkerHello
 
 log = logging.getLogger("pagedserve.kvstore")
 
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_evictions", "num_block_copies",
-            "num_prefix_cache_resets")
+            "num_prefix_cache_resets", "prefix_cache_tier_hits")
 
 
 @dataclass
@@ -30,19 +32,26 @@ class WorkerPool:
 
 
 class WorkerPools:
-    def __init__(self, enable_prefix_caching: bool = False, watermark: float = 0.01) -> None:
+    def __init__(self, enable_prefix_caching: bool = False, watermark: float = 0.01,
+                 tier_capacity_bytes: int = 0) -> None:
+        """tier_capacity_bytes: the offload tier every pool shares (0: none)."""
         self.enable_prefix_caching, self.watermark = enable_prefix_caching, watermark
+        self.tier = TierIndex(tier_capacity_bytes) if tier_capacity_bytes > 0 and enable_prefix_caching else None
         self.pools: dict[str, WorkerPool] = {}
         self.dropped_base: Counter[str] = Counter()  # counters of every pool replaced or dropped
 
     def _manager(self, hello: WorkerHello) -> BlockManager:
+        tier = None
+        if self.tier is not None and hello.kv_tier_namespace and hello.kv_block_bytes > 0:
+            tier = TierLink(self.tier, hello.kv_tier_namespace, hello.kv_block_bytes)
         return BlockManager(hello.num_blocks, hello.block_size, enable_prefix_caching=self.enable_prefix_caching,
-                            watermark=self.watermark, hash_keys=(hello.model,), record_events=True)
+                            watermark=self.watermark, hash_keys=(hello.model,), record_events=True, tier=tier)
 
     def join(self, hello: WorkerHello, incarnation: str | None = None) -> None:
         old = self.pools.get(hello.worker_id)
         base = Counter()
         if old is not None:
+            _release_tier(old.manager)
             counts = _counters(old.manager)
             self.dropped_base.update(counts)
             base = old.base + counts
@@ -53,6 +62,7 @@ class WorkerPools:
         pool = self.pools.pop(worker_id, None)
         if pool is None:
             return 0
+        _release_tier(pool.manager)
         self.dropped_base.update(_counters(pool.manager))
         return pool.manager.num_held_blocks
 
@@ -93,7 +103,13 @@ class WorkerPools:
         return reply
 
     def reset_prefix_cache(self) -> int:
-        return sum(pool.manager.reset_prefix_cache() for pool in self.pools.values())
+        """Forget every cached prefix, in the pools and in the tier."""
+        num_tier = self.tier.clear() if self.tier is not None else 0
+        return sum(pool.manager.reset_prefix_cache() for pool in self.pools.values()) + num_tier
+
+    def take_tier_evicted(self) -> list[tuple[str, bytes]]:
+        """(namespace, hash) of tier entries whose contents are to be deleted."""
+        return self.tier.take_evicted() if self.tier is not None else []
 
     @property
     def num_held_blocks(self) -> int:
@@ -106,6 +122,14 @@ class WorkerPools:
                 pool.manager.check_integrity()
             except AssertionError as e:
                 return f"worker {worker_id}: {e or 'integrity check failed'}"
+        if self.tier is not None:
+            try:
+                self.tier.check_integrity()
+                num_pins = sum(p.manager.tier.num_pins() for p in self.pools.values() if p.manager.tier)
+                num_readers = sum(self.tier.readers(key) for key in self.tier.keys())
+                assert num_pins == num_readers, f"tier: {num_readers} readers but the pools hold {num_pins} pins"
+            except AssertionError as e:
+                return f"offload tier: {e or 'integrity check failed'}"
         return None
 
     def stats(self) -> dict:
@@ -128,7 +152,14 @@ class WorkerPools:
         queries = totals["prefix_cache_queries"]
         totals["prefix_cache_hit_rate"] = totals["prefix_cache_hits"] / queries if queries else 0.0
         totals["workers"] = workers
+        if self.tier is not None:
+            totals.update(self.tier.stats())
         return totals
+
+
+def _release_tier(manager: BlockManager) -> None:
+    if manager.tier is not None:
+        manager.tier.release_all()
 
 
 def _counters(manager: BlockManager) -> Counter[str]:

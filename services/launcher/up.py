@@ -19,7 +19,13 @@ import httpx
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from pagedserve.services.launcher.supervisor import Child, Supervisor
-from pagedserve.shared.config import KV_CACHE_DTYPES, ConfigError, parse_size
+from pagedserve.shared.config import (
+    DEFAULT_KV_OFFLOAD_MEMORY,
+    KV_CACHE_DTYPES,
+    ConfigError,
+    kv_offload_bytes,
+    parse_size,
+)
 
 log = logging.getLogger("pagedserve.up")
 
@@ -39,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                         help="KV pool storage: auto (the model's dtype) or int8 (about half the bytes per block)")
     parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides memory)")
+    parser.add_argument("--kv-offload-memory", default=DEFAULT_KV_OFFLOAD_MEMORY,
+                        help=f"offload tier shared by every worker, in Redis (0: off; default {DEFAULT_KV_OFFLOAD_MEMORY})")
     parser.add_argument("--workers", type=int, default=1,
                         help="workers to start (data parallel: each its own model copy and KV pool; default 1)")
     parser.add_argument("--threads-per-worker", type=int, default=None,
@@ -80,6 +88,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port={args.port}: must be in 1..65535")
     parse_size(args.kv_cache_memory)
+    kv_offload_bytes(getattr(args, "kv_offload_memory", "0"))
     if args.num_blocks is not None and args.num_blocks < 1:
         raise ConfigError(f"--num-blocks={args.num_blocks}: must be at least 1")
     if not args.prefix or any(c.isspace() for c in args.prefix):
@@ -117,6 +126,7 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     """(name, argv) of each service, in start order."""
     common = ["--redis-url", redis_url, "--prefix", args.prefix, "--log-level", args.log_level]
     kvstore = [] if args.prefix_caching else ["--no-prefix-caching"]
+    kvstore += ["--kv-offload-memory", str(getattr(args, "kv_offload_memory", DEFAULT_KV_OFFLOAD_MEMORY))]
     worker = ["--model", args.model, "--dtype", args.dtype, "--kv-cache-memory", str(args.kv_cache_memory),
               "--kv-cache-dtype", args.kv_cache_dtype]
     if args.num_blocks is not None:

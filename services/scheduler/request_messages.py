@@ -6,7 +6,8 @@ from pagedserve.services.scheduler.request import Request
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, RequestDelta, SampledToken
 
 
-def new_request_data(request: Request, block_ids: list[int], num_scheduled_tokens: int) -> NewRequestData:
+def new_request_data(request: Request, block_ids: list[int], num_scheduled_tokens: int,
+                     tier_loads: list[tuple[int, bytes]] = ()) -> NewRequestData:
     return NewRequestData(
         request.request_id,
         request.all_token_ids,
@@ -15,6 +16,7 @@ def new_request_data(request: Request, block_ids: list[int], num_scheduled_token
         num_scheduled_tokens,
         request.sampling,
         request.num_output_tokens,
+        list(tier_loads),
     )
 
 

@@ -200,7 +200,7 @@ class Scheduler:
         if set(results) != {c.request_id for _, c in pending.candidates}:
             raise ValueError("alloc reply does not answer exactly the candidates")
         self._pending = None
-        plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies))
+        plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores))
         in_flight = InFlightStep(pending.step_id)
         refused = [c.request_id for _, c in pending.candidates
                    if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]
@@ -215,7 +215,8 @@ class Scheduler:
                 num_scheduled = min(candidate.num_new_tokens,
                                     request.num_tokens_to_compute - request.num_computed_tokens)
                 admitted.append(request)
-                plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
+                plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled,
+                                                          result.tier_loads))
             elif result.status == ALLOC_OK and request.is_fresh_fork:
                 num_scheduled = candidate.num_new_tokens
                 request.is_fresh_fork = False

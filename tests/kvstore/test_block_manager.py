@@ -87,6 +87,7 @@ def test_stats_count_the_pool():
         "num_cached_blocks": 0, "num_cached_free_blocks": 0, "prefix_caching": False,
         "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_hit_rate": 0.0,
         "num_preemptions": 1, "num_evictions": 0, "num_block_copies": 0, "num_prefix_cache_resets": 0,
+        "prefix_cache_tier_hits": 0,
     }
 
 

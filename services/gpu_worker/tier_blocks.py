@@ -1,0 +1,101 @@
+"""Moving whole KV blocks between the worker's pool and the offload tier's bytes (torch, no Redis).
+
+A block's bytes are every layer's slice [:, block_id] of the pool, layer after layer, as the pool
+stores them (bf16, float32 or int8 rows with their scales alike). Loads run before the step's
+forward pass: a block the tier could not give (missing, wrong size) and every one after it in that
+request are computed in this step instead, and stored after it, so the tier heals itself."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedserve.shared.kv_tier import tier_namespace
+from pagedserve.shared.messages import StepPlan, StepResult
+
+log = logging.getLogger("pagedserve.worker")
+
+
+def block_bytes(kv_caches: list[torch.Tensor]) -> int:
+    return sum(layer[:, 0].numel() * layer.element_size() for layer in kv_caches)
+
+
+def pool_namespace(model: str, kv_caches: list[torch.Tensor], block_size: int) -> str:
+    first = kv_caches[0]
+    return tier_namespace(model, f"{first.dtype}/{len(kv_caches)}", block_size, tuple(first[:, 0].shape))
+
+
+def pack_block(kv_caches: list[torch.Tensor], block_id: int) -> bytes:
+    parts = [layer[:, block_id].contiguous().view(torch.uint8).reshape(-1) for layer in kv_caches]
+    return torch.cat(parts).cpu().numpy().tobytes()
+
+
+def unpack_block(kv_caches: list[torch.Tensor], block_id: int, blob: bytes) -> None:
+    flat = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    offset = 0
+    for layer in kv_caches:
+        target = layer[:, block_id]
+        size = target.numel() * layer.element_size()
+        target.copy_(flat[offset:offset + size].view(layer.dtype).view(target.shape))
+        offset += size
+
+
+@dataclass
+class TierStep:
+    """What one step moved: the loads it made, the misses it computed, the blocks to store."""
+
+    num_loaded: int = 0
+    num_missed: int = 0
+    stores: list[tuple[bytes, bytes]] = field(default_factory=list)  # (hash, contents)
+
+
+def hashes_to_load(plan: StepPlan) -> list[bytes]:
+    return [block_hash for new in plan.new_requests for _index, block_hash in new.tier_loads]
+
+
+def apply_loads(kv_caches: list[torch.Tensor], block_size: int, plan: StepPlan, blobs: dict[bytes, bytes],
+                step: TierStep) -> list[tuple[str, int, bytes]]:
+    """Copy the plan's tier blocks into the pool (before the forward pass); a request's first miss
+    moves its computation back to that block. Returns the missed blocks, to store once computed."""
+    expected = block_bytes(kv_caches)
+    missed: list[tuple[str, int, bytes]] = []
+    for new in plan.new_requests:
+        for position, (index, block_hash) in enumerate(new.tier_loads):
+            blob = blobs.get(block_hash)
+            if blob is None or len(blob) != expected or index >= len(new.block_ids):
+                first_token = index * block_size
+                if first_token < new.num_computed_tokens:
+                    new.num_scheduled_tokens += new.num_computed_tokens - first_token
+                    new.num_computed_tokens = first_token
+                rest = new.tier_loads[position:]
+                missed.extend((new.request_id, i, h) for i, h in rest)
+                step.num_missed += len(rest)
+                break
+            unpack_block(kv_caches, new.block_ids[index], blob)
+            step.num_loaded += 1
+    return missed
+
+
+def collect_stores(kv_caches: list[torch.Tensor], block_size: int, requests: dict, stores: list,
+                   step: TierStep) -> None:
+    """Pack each block to store whose request now holds it computed (anything else is skipped:
+    a block never reaches the tier unless this worker computed or loaded all its tokens)."""
+    for request_id, index, block_hash in stores:
+        state = requests.get(request_id)
+        if state is None or index >= len(state.block_ids) or state.num_computed_tokens < (index + 1) * block_size:
+            continue
+        step.stores.append((block_hash, pack_block(kv_caches, state.block_ids[index])))
+
+
+def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes]) -> tuple[StepResult, TierStep]:
+    """worker.execute(plan) with the tier's loads before it and its stores packed after it."""
+    step = TierStep()
+    kv_caches, block_size = worker.pool.kv_caches, worker.block_size
+    missed = apply_loads(kv_caches, block_size, plan, blobs, step)
+    result = worker.execute(plan)
+    result.num_tier_loaded_blocks, result.num_tier_missed_blocks = step.num_loaded, step.num_missed
+    if plan.tier_stores or missed:
+        collect_stores(kv_caches, block_size, worker.requests, [*plan.tier_stores, *missed], step)
+    return result, step

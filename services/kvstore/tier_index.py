@@ -1,0 +1,123 @@
+"""The offload tier's index (pure): which blocks the tier holds, in LRU order, within a byte budget.
+
+Keys are (namespace, block hash) (shared.kv_tier). An entry is pinned while a worker may be
+loading it (readers > 0) and is then never evicted; insert() evicts the least recently used
+unpinned entries until the new one fits, or refuses it. Evicted keys wait in take_evicted() for
+the loop to delete their contents. Invariant: used_bytes = sum of entry sizes <= capacity_bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+TierKey = tuple[str, bytes]
+
+
+@dataclass
+class TierEntry:
+    num_bytes: int
+    readers: int = 0
+
+
+class TierIndex:
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[TierKey, TierEntry] = OrderedDict()  # least recently used first
+        self.used_bytes = 0
+        self.num_pinned = 0  # entries with readers > 0
+        self._evicted: dict[TierKey, None] = {}  # ordered set: deleted by the loop, unless stored again
+        self.num_stored = 0  # entries ever inserted
+        self.num_evicted = 0  # entries ever evicted for room (not counting clear())
+        self.num_refused = 0  # inserts that found no room among unpinned entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: TierKey) -> bool:
+        return key in self._entries
+
+    def keys(self) -> list[TierKey]:
+        """Least recently used first."""
+        return list(self._entries)
+
+    def readers(self, key: TierKey) -> int:
+        entry = self._entries.get(key)
+        return entry.readers if entry is not None else 0
+
+    def insert(self, key: TierKey, num_bytes: int) -> bool:
+        """Add (or touch) an entry; False, with nothing changed, if no room can be made."""
+        if num_bytes < 1:
+            raise ValueError(f"num_bytes must be >= 1, got {num_bytes}")
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return True
+        self._evicted.pop(key, None)  # stored again before its old contents were deleted: keep them
+        victims: list[TierKey] = []
+        room = self.capacity_bytes - self.used_bytes
+        for victim, entry in self._entries.items():
+            if room >= num_bytes:
+                break
+            if entry.readers == 0:
+                victims.append(victim)
+                room += entry.num_bytes
+        if room < num_bytes:
+            self.num_refused += 1
+            return False
+        for victim in victims:
+            self._remove(victim)
+            self.num_evicted += 1
+        self._entries[key] = TierEntry(num_bytes)
+        self.used_bytes += num_bytes
+        self.num_stored += 1
+        return True
+
+    def pin(self, key: TierKey) -> None:
+        """One more reader (a load planned); the entry becomes the most recently used."""
+        entry = self._entries[key]
+        entry.readers += 1
+        self.num_pinned += entry.readers == 1
+        self._entries.move_to_end(key)
+
+    def unpin(self, key: TierKey) -> None:
+        entry = self._entries.get(key)
+        if entry is None or entry.readers < 1:
+            raise ValueError(f"unpin of a tier entry nobody reads: {key[1].hex()[:8]}")
+        entry.readers -= 1
+        self.num_pinned -= entry.readers == 0
+
+    def clear(self) -> int:
+        """Forget every unpinned entry (their contents are deleted too); how many."""
+        victims = [key for key, entry in self._entries.items() if entry.readers == 0]
+        for victim in victims:
+            self._remove(victim)
+        return len(victims)
+
+    def take_evicted(self) -> list[TierKey]:
+        evicted, self._evicted = list(self._evicted), {}
+        return evicted
+
+    def _remove(self, key: TierKey) -> None:
+        entry = self._entries.pop(key)
+        self.used_bytes -= entry.num_bytes
+        self._evicted[key] = None
+
+    def stats(self) -> dict:
+        return {"tier_capacity_bytes": self.capacity_bytes, "tier_used_bytes": self.used_bytes,
+                "tier_num_blocks": len(self._entries), "tier_num_pinned": self.num_pinned,
+                "tier_usage": self.used_bytes / self.capacity_bytes, "tier_num_stored": self.num_stored,
+                "tier_num_evicted": self.num_evicted, "tier_num_refused": self.num_refused}
+
+    def check_integrity(self) -> None:
+        assert self.used_bytes == sum(e.num_bytes for e in self._entries.values()), (
+            f"tier used_bytes={self.used_bytes} but its entries hold "
+            f"{sum(e.num_bytes for e in self._entries.values())}")
+        assert self.used_bytes <= self.capacity_bytes, (
+            f"tier holds {self.used_bytes} bytes over its budget of {self.capacity_bytes}")
+        assert all(e.readers >= 0 and e.num_bytes > 0 for e in self._entries.values()), "tier entry out of range"
+        num_pinned = sum(e.readers > 0 for e in self._entries.values())
+        assert num_pinned == self.num_pinned, f"{num_pinned} tier entries are read but num_pinned={self.num_pinned}"
+        pending = set(self._evicted)
+        assert not pending & set(self._entries), "a tier entry is both held and waiting for deletion"

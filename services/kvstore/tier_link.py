@@ -1,0 +1,90 @@
+"""One worker pool's view of the shared offload tier: which admitted blocks to load, which newly
+full blocks to store, and the pins that keep a block in the tier while a worker may read it.
+
+A request's pins end when it frees its blocks, unless that comes so soon after its admission that
+the step that loads them may still run (steps run in order, at most STEPS_IN_FLIGHT behind the
+kvstore): then at the first step after that one. A block read anyway after its eviction is only
+computed instead (the worker's fallback), so this bounds work, not correctness."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedserve.services.kvstore.tier_index import TierIndex, TierKey
+
+STEPS_IN_FLIGHT = 2  # plans the scheduler may have sent ahead of the step a worker runs
+
+
+class TierLink:
+    def __init__(self, index: TierIndex, namespace: str, block_bytes: int) -> None:
+        if not namespace or block_bytes < 1:
+            raise ValueError(f"a tier link needs a namespace and a block size in bytes, got "
+                             f"{namespace!r}, {block_bytes}")
+        self.index, self.namespace, self.block_bytes = index, namespace, block_bytes
+        self._step = 0  # steps begun
+        self._pins: dict[str, tuple[int, list[TierKey]]] = {}  # request id -> (step admitted, entries it loads)
+        self._released: list[tuple[int, list[TierKey]]] = []  # freed: (first step they may be unpinned, entries)
+        self._stores: list[tuple[str, int, bytes]] = []  # (request id, block index, hash) to write
+        self.num_hit_blocks = 0  # blocks admitted from the tier (loads planned)
+        self.num_stored_blocks = 0  # blocks this pool was told to write
+
+    def key(self, block_hash: bytes) -> TierKey:
+        return self.namespace, block_hash
+
+    def num_hits(self, block_hashes: Sequence[bytes]) -> int:
+        """How many leading hashes the tier holds."""
+        for count, block_hash in enumerate(block_hashes):
+            if self.key(block_hash) not in self.index:
+                return count
+        return len(block_hashes)
+
+    def pin(self, request_id: str, block_hashes: Sequence[bytes]) -> None:
+        keys = [self.key(h) for h in block_hashes]
+        for key in keys:
+            self.index.pin(key)
+        self._pins[request_id] = (self._step, keys)
+        self.num_hit_blocks += len(keys)
+
+    def on_hashed(self, request_id: str, block_index: int, block_hash: bytes) -> None:
+        """A block became full and hashed in this pool: the worker writes it unless the tier has it."""
+        key = self.key(block_hash)
+        if key in self.index:
+            self.index.insert(key, self.block_bytes)  # a touch
+        elif self.index.insert(key, self.block_bytes):
+            self._stores.append((request_id, block_index, block_hash))
+            self.num_stored_blocks += 1
+
+    def free(self, request_id: str) -> None:
+        admitted, keys = self._pins.pop(request_id, (0, []))
+        safe_from = admitted + STEPS_IN_FLIGHT + 1
+        if self._step >= safe_from:
+            self._unpin(keys)
+        elif keys:
+            self._released.append((safe_from, keys))
+
+    def begin_step(self) -> None:
+        """Unpin what freed requests loaded in steps that have run by now."""
+        self._step += 1
+        due = [keys for safe_from, keys in self._released if safe_from <= self._step]
+        self._released = [(safe_from, keys) for safe_from, keys in self._released if safe_from > self._step]
+        for keys in due:
+            self._unpin(keys)
+
+    def _unpin(self, keys: list[TierKey]) -> None:
+        for key in keys:
+            self.index.unpin(key)
+
+    def take_stores(self) -> list[tuple[str, int, bytes]]:
+        stores, self._stores = self._stores, []
+        return stores
+
+    def release_all(self) -> None:
+        """The pool is gone (worker dropped or reset): every pin ends."""
+        for _admitted, keys in [*self._pins.values(), *self._released]:
+            self._unpin(keys)
+        self._pins.clear()
+        self._released.clear()
+        self._stores.clear()
+
+    def num_pins(self) -> int:
+        return sum(len(keys) for _step, keys in [*self._pins.values(), *self._released])

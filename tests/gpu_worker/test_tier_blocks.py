@@ -1,0 +1,61 @@
+"""Moving blocks between a pool and the tier's bytes (services/gpu_worker/tier_blocks.py):
+exact round trips in every pool dtype, and a miss moves the request's computation back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedserve.services.gpu_worker import tier_blocks
+from pagedserve.shared.messages import NewRequestData, SamplingParams, StepPlan
+
+
+def pool(dtype: torch.dtype, num_blocks: int = 4, layers: int = 3) -> list[torch.Tensor]:
+    shape = (2, num_blocks, 4, 2, 8)  # [K/V, blocks, block_size, Hkv, D]
+    if dtype == torch.int8:
+        return [torch.randint(-127, 128, shape, dtype=torch.int8) for _ in range(layers)]
+    return [torch.randn(shape).to(dtype) for _ in range(layers)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_block_packs_and_unpacks_exactly_into_another_block(dtype):
+    kv = pool(dtype)
+    blob = tier_blocks.pack_block(kv, 1)
+    assert len(blob) == tier_blocks.block_bytes(kv) == 3 * 2 * 4 * 2 * 8 * kv[0].element_size()
+    tier_blocks.unpack_block(kv, 3, blob)
+    for layer in kv:
+        assert torch.equal(layer[:, 3], layer[:, 1])
+
+
+def test_namespaces_differ_by_dtype_layout_and_block_size():
+    names = {tier_blocks.pool_namespace("m", pool(d), 4) for d in (torch.float32, torch.bfloat16, torch.int8)}
+    names |= {tier_blocks.pool_namespace("m", pool(torch.float32, layers=2), 4),
+              tier_blocks.pool_namespace("m", pool(torch.float32), 8),
+              tier_blocks.pool_namespace("other", pool(torch.float32), 4)}
+    assert len(names) == 6
+
+
+def new_request(loads) -> NewRequestData:
+    # 13 tokens, blocks 0-1 a pool hit, 2 loaded from the tier: computes token 12 only
+    return NewRequestData("r", list(range(13)), [3, 2, 1, 0], 12, 1, SamplingParams(), tier_loads=loads)
+
+
+def test_loads_fill_the_blocks_and_a_miss_is_computed_from_its_block_on():
+    kv = pool(torch.float32)
+    source = pool(torch.float32)
+    blobs = {b"h1": tier_blocks.pack_block(source, 0)}
+    plan = StepPlan(1, new_requests=[new_request([(1, b"h1"), (2, b"h2")])])
+    step = tier_blocks.TierStep()
+    missed = tier_blocks.apply_loads(kv, 4, plan, blobs, step)
+    assert torch.equal(kv[0][:, 2], source[0][:, 0])  # block index 1 is block id 2
+    new = plan.new_requests[0]
+    assert (new.num_computed_tokens, new.num_scheduled_tokens) == (8, 5)  # from block index 2 on
+    assert missed == [("r", 2, b"h2")] and (step.num_loaded, step.num_missed) == (1, 1)
+
+
+def test_a_blob_of_the_wrong_size_is_a_miss():
+    kv = pool(torch.float32)
+    plan = StepPlan(1, new_requests=[new_request([(1, b"h1"), (2, b"h2")])])
+    step = tier_blocks.TierStep()
+    tier_blocks.apply_loads(kv, 4, plan, {b"h1": b"short", b"h2": b"x"}, step)
+    assert (plan.new_requests[0].num_computed_tokens, step.num_missed) == (4, 2)

@@ -1,0 +1,132 @@
+"""The offload tier's index (services/kvstore/tier_index.py): LRU order within a byte budget,
+pinned entries never evicted, evicted keys handed out once; hypothesis against a plain model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from pagedserve.services.kvstore.tier_index import TierIndex
+
+
+def key(n: int) -> tuple[str, bytes]:
+    return "ns", bytes([n])
+
+
+def test_inserts_evict_the_least_recently_used_unpinned_entries():
+    tier = TierIndex(30)
+    for n in range(3):
+        assert tier.insert(key(n), 10)
+    tier.insert(key(0), 10)  # a touch: 0 is now the most recently used
+    tier.pin(key(1))
+    assert tier.insert(key(3), 10)
+    assert tier.keys() == [key(0), key(1), key(3)]  # 2 evicted: 1 is pinned (and pinning touched it)
+    assert tier.take_evicted() == [key(2)] and tier.take_evicted() == []
+    assert not tier.insert(key(4), 25)  # 0 and 3 give 20 bytes: not enough, nothing changes
+    assert (tier.keys(), tier.num_refused, tier.used_bytes) == ([key(0), key(1), key(3)], 1, 30)
+    tier.unpin(key(1))
+    assert tier.insert(key(4), 25)
+    assert tier.keys() == [key(4)] and tier.take_evicted() == [key(0), key(1), key(3)]
+    tier.check_integrity()
+
+
+def test_clear_keeps_pinned_entries_and_a_stored_again_key_is_not_deleted():
+    tier = TierIndex(100)
+    for n in range(3):
+        tier.insert(key(n), 10)
+    tier.pin(key(2))
+    assert tier.clear() == 2 and tier.keys() == [key(2)]
+    tier.insert(key(0), 10)  # stored again before the loop deleted the old contents
+    assert tier.take_evicted() == [key(1)]
+    with pytest.raises(ValueError):
+        tier.unpin(key(0))
+    tier.check_integrity()
+
+
+class TierMachine(RuleBasedStateMachine):
+    """The model: an LRU list (least recent first), sizes, reader counts, deleted keys."""
+
+    @initialize(capacity=st.integers(1, 60))
+    def setup(self, capacity):
+        self.tier = TierIndex(capacity)
+        self.capacity = capacity
+        self.order: list[tuple[str, bytes]] = []
+        self.sizes: dict[tuple[str, bytes], int] = {}
+        self.readers: dict[tuple[str, bytes], int] = {}
+        self.pending: list[tuple[str, bytes]] = []
+
+    @rule(n=st.integers(0, 7), size=st.integers(1, 25))
+    def insert(self, n, size):
+        k = key(n)
+        if k in self.sizes:
+            assert self.tier.insert(k, size)
+            self.order.remove(k)
+            self.order.append(k)
+            return
+        free = self.capacity - sum(self.sizes.values())
+        victims = []
+        for v in self.order:
+            if free >= size:
+                break
+            if self.readers[v] == 0:
+                victims.append(v)
+                free += self.sizes[v]
+        ok = self.tier.insert(k, size)
+        assert ok == (free >= size)
+        if ok:
+            if k in self.pending:
+                self.pending.remove(k)
+            for v in victims:
+                self.order.remove(v)
+                del self.sizes[v], self.readers[v]
+                self.pending.append(v)
+            self.order.append(k)
+            self.sizes[k], self.readers[k] = size, 0
+
+    @rule(n=st.integers(0, 7))
+    def pin(self, n):
+        k = key(n)
+        if k in self.sizes:
+            self.tier.pin(k)
+            self.readers[k] += 1
+            self.order.remove(k)
+            self.order.append(k)
+
+    @rule(n=st.integers(0, 7))
+    def unpin(self, n):
+        k = key(n)
+        if self.readers.get(k, 0) > 0:
+            self.tier.unpin(k)
+            self.readers[k] -= 1
+        else:
+            with pytest.raises(ValueError):
+                self.tier.unpin(k)
+
+    @rule()
+    def clear(self):
+        victims = [k for k in self.order if self.readers[k] == 0]
+        assert self.tier.clear() == len(victims)
+        for v in victims:
+            self.order.remove(v)
+            del self.sizes[v], self.readers[v]
+            self.pending.append(v)
+
+    @rule()
+    def take_evicted(self):
+        assert sorted(self.tier.take_evicted()) == sorted(self.pending)
+        self.pending = []
+
+    @invariant()
+    def agrees(self):
+        self.tier.check_integrity()
+        assert self.tier.keys() == self.order  # LRU order
+        assert self.tier.used_bytes == sum(self.sizes.values()) <= self.capacity
+        assert all(self.tier.readers(k) == r for k, r in self.readers.items())
+        # no entry both held and free: a pinned entry is never among the deleted
+        assert not set(self.pending) & set(self.sizes)
+
+
+TestTierMachine = TierMachine.TestCase
+TestTierMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,0 +1,109 @@
+"""The offload tier behind every worker's pool (WorkerPools + TierLink, in process): full blocks
+are stored once, another pool admits them as loads, pins last until the step after the free,
+the budget evicts least recently used blocks, and a reset or a lost worker ends what it held."""
+
+from __future__ import annotations
+
+from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
+from pagedserve.services.kvstore.worker_pools import WorkerPools
+from pagedserve.shared.messages import AllocCandidate, AllocRequest, WorkerHello
+
+BLOCK_BYTES = 100
+
+
+def hello(worker_id: str, namespace: str = "ns") -> WorkerHello:
+    return WorkerHello(worker_id, 8, 4, "m", 64, kv_tier_namespace=namespace, kv_block_bytes=BLOCK_BYTES)
+
+
+def admit(request_id: str, tokens: list[int]) -> AllocCandidate:
+    return AllocCandidate(request_id, len(tokens), len(tokens), is_waiting=True, token_ids=tokens)
+
+
+def alloc(worker_id: str, step_id: int, *candidates, reset: bool = False, free=()) -> AllocRequest:
+    return AllocRequest(step_id, list(free), list(candidates), reset=reset, worker_id=worker_id)
+
+
+def hashes(tokens: list[int]) -> list[bytes]:
+    return hash_full_blocks(tokens, 4, root_hash(("m",)))
+
+
+def pools_of(*workers: WorkerHello, capacity_blocks: int = 16) -> WorkerPools:
+    pools = WorkerPools(enable_prefix_caching=True, watermark=0.0, tier_capacity_bytes=capacity_blocks * BLOCK_BYTES)
+    for worker in workers:
+        pools.join(worker)
+        pools.apply(alloc(worker.worker_id, 1, reset=True))
+    return pools
+
+
+def checked(pools: WorkerPools, request: AllocRequest):
+    reply = pools.apply(request)
+    assert pools.check_integrity() is None
+    return reply
+
+
+def test_a_block_one_worker_stored_is_loaded_by_the_other():
+    pools = pools_of(hello("w1"), hello("w2"))
+    tokens = list(range(1, 10))  # two full blocks and one token
+    h = hashes(tokens)
+    a = checked(pools, alloc("w1", 2, admit("a", tokens)))
+    assert a.tier_stores == [("a", 0, h[0]), ("a", 1, h[1])] and a.results[0].tier_loads == []
+    b = checked(pools, alloc("w2", 2, admit("b", tokens)))
+    assert (b.results[0].num_cached_tokens, b.results[0].tier_loads) == (8, [(0, h[0]), (1, h[1])])
+    assert b.results[0].new_block_ids == [0, 1, 2] and b.tier_stores == []
+    assert [pools.tier.readers(("ns", x)) for x in h] == [1, 1]
+    c = checked(pools, alloc("w1", 3, admit("c", tokens), free=["a"]))
+    assert (c.results[0].num_cached_tokens, c.results[0].tier_loads) == (8, [])  # its own pool first
+    checked(pools, alloc("w2", 3, free=["b"]))
+    checked(pools, alloc("w2", 4))
+    assert [pools.tier.readers(("ns", x)) for x in h] == [1, 1]  # step 2, which loads them, may still run
+    checked(pools, alloc("w2", 5))
+    assert [pools.tier.readers(("ns", x)) for x in h] == [0, 0]
+    checked(pools, alloc("w2", 6, admit("d", tokens)))  # a pool hit on w2 now: no pin
+    assert pools.tier.num_pinned == 0
+    stats = pools.stats()
+    assert (stats["prefix_cache_tier_hits"], stats["prefix_cache_hits"], stats["tier_num_blocks"]) == (8, 24, 2)
+
+
+def test_the_pool_prefix_then_the_tier_rest():
+    pools = pools_of(hello("w1"), hello("w2"))
+    short, long = list(range(1, 6)), list(range(1, 14))  # 1 and 3 full blocks
+    h = hashes(long)
+    checked(pools, alloc("w1", 2, admit("a", long)))
+    checked(pools, alloc("w2", 2, admit("b", short)))
+    c = checked(pools, alloc("w2", 3, admit("c", long)))
+    assert (c.results[0].num_cached_tokens, c.results[0].tier_loads) == (12, [(1, h[1]), (2, h[2])])
+
+
+def test_other_formats_never_share_a_block():
+    pools = pools_of(hello("w1", "ns"), hello("w2", "int8"))
+    tokens = list(range(1, 10))
+    checked(pools, alloc("w1", 2, admit("a", tokens)))
+    b = checked(pools, alloc("w2", 2, admit("b", tokens)))
+    assert (b.results[0].num_cached_tokens, len(b.tier_stores)) == (0, 2)
+
+
+def test_the_budget_evicts_the_least_recently_used_block_but_never_a_pinned_one():
+    pools = pools_of(hello("w1"), hello("w2"), capacity_blocks=2)
+    first, second = list(range(1, 10)), list(range(50, 55))
+    h1, h2 = hashes(first), hashes(second)
+    checked(pools, alloc("w1", 2, admit("a", first)))
+    checked(pools, alloc("w2", 2, admit("b", first)))  # pins both blocks of first
+    s = checked(pools, alloc("w1", 3, admit("c", second)))
+    assert s.tier_stores == [] and pools.tier.num_refused == 1 and pools.take_tier_evicted() == []
+    for step_id in range(3, 6):  # unpinned once the step that loaded them has surely run
+        checked(pools, alloc("w2", step_id, free=["b"] if step_id == 3 else []))
+    longer = second + [60, 61, 62, 63]
+    s = checked(pools, alloc("w1", 4, admit("d", longer)))  # block 0 is a pool hit: not stored again
+    assert s.tier_stores == [("d", 1, hashes(longer)[1])] and hashes(longer)[0] == h2[0]
+    assert pools.take_tier_evicted() == [("ns", h1[0])]
+
+
+def test_a_reset_empties_the_tier_and_a_lost_worker_ends_its_pins():
+    pools = pools_of(hello("w1"), hello("w2"))
+    tokens = list(range(1, 10))
+    checked(pools, alloc("w1", 2, admit("a", tokens)))
+    checked(pools, alloc("w2", 2, admit("b", tokens)))
+    pools.drop("w2")
+    assert pools.check_integrity() is None and pools.tier.num_pinned == 0
+    assert pools.reset_prefix_cache() == 2 + 2  # two pool blocks, two tier blocks
+    assert len(pools.take_tier_evicted()) == 2 and len(pools.tier) == 0

@@ -1,0 +1,73 @@
+"""The offload tier through real processes (kvstore, worker, scheduler on the real Redis, float32):
+a prefix evicted from the worker's pool, or lost with the worker itself, is loaded from the tier
+and gives token for token the greedy text its computation gave."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedserve.shared.messages import SamplingParams
+from tests.services.conftest import TestApi, start_backend, wait_for
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def prompt(seed: int, num_tokens: int) -> list[int]:
+    return [100 + (seed * 7919 + i * 104729) % 30000 for i in range(num_tokens)]
+
+
+@pytest.fixture(scope="module")
+def small_pool_stack(tmp_path_factory):
+    # 16 blocks: one 200-token prompt pushes another's prefix out of the pool
+    stack = start_backend(tmp_path_factory.mktemp("tier"), args={
+        "worker": ["--dtype", "float32", "--num-blocks", "16", "--worker-id", "0"]})
+    yield stack
+    stack.close()
+
+
+def run(api: TestApi, tokens: list[int]) -> list[int]:
+    (out,) = api.wait_finished([api.submit(tokens, GREEDY)], timeout=180)
+    return out.token_ids
+
+
+def tier_hits(stack) -> int:
+    stats = stack.stats("kvstore") or {}
+    return stats.get("prefix_cache_tier_hits", 0)
+
+
+def test_a_prefix_evicted_from_the_pool_is_loaded_from_the_tier_with_the_same_text(small_pool_stack):
+    stack = small_pool_stack
+    api = TestApi(stack)
+    first, other = prompt(1, 100), prompt(2, 200)
+    computed = run(api, first)
+    stats = wait_for(lambda: (s := stack.stats("kvstore")) and s.get("tier_num_blocks", 0) >= 6 and s, 30,
+                     "the first prompt's blocks in the tier")
+    assert stats["tier_used_bytes"] > 0
+    run(api, other)  # 13 of 16 blocks: the first prompt's cached blocks are evicted from the pool
+    before = stack.wait_kvstore_clean()
+    loaded = run(api, first)
+    assert loaded == computed
+    stats = stack.wait_kvstore_clean()
+    # 6 full blocks of 100 tokens: the pool kept the first 3 (freed last block first), the tier gives the rest
+    assert stats["prefix_cache_hits"] - before["prefix_cache_hits"] == 6 * BLOCK
+    assert stats["prefix_cache_tier_hits"] - before["prefix_cache_tier_hits"] == 3 * BLOCK
+    assert stats["integrity_ok"] and stats["tier_num_pinned"] == 0
+    api.close()
+
+
+def test_a_restarted_worker_serves_the_prefix_its_predecessor_computed(small_pool_stack):
+    stack = small_pool_stack
+    api = TestApi(stack)
+    tokens = prompt(3, 90)
+    computed = run(api, tokens)
+    wait_for(lambda: tier_hits(stack) >= 0 and (stack.stats("kvstore") or {}).get("tier_num_blocks", 0) >= 5 + 6,
+             30, "the prompt's blocks in the tier")
+    stack.kill("worker")
+    stack.start("worker")
+    before = tier_hits(stack)
+    assert run(api, tokens) == computed
+    assert stack.wait_kvstore_clean()["prefix_cache_tier_hits"] - before == 5 * BLOCK
+    api.close()
