@@ -24,6 +24,7 @@ import redis.exceptions
 
 from pagedserve.shared.codec import CodecError, pack, unpack
 from pagedserve.shared.config import ConfigError
+from pagedserve.shared.redis_connect import async_client
 from pagedserve.shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.redis")
@@ -61,7 +62,7 @@ class Backoff:
 
 async def connect(url: str, timeout_s: float = 60.0) -> aioredis.Redis:
     """A client that has answered PING; retried with backoff, fatal after timeout_s."""
-    client = aioredis.Redis.from_url(url)
+    client = async_client(url)
     backoff, deadline = Backoff(), time.monotonic() + timeout_s
     while True:
         try:

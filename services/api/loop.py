@@ -15,8 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import redis.asyncio as aioredis
-
 from pagedserve.services.api.admission import REFRESH_S, AdmissionGate
 from pagedserve.services.api.control import ControlCommands
 from pagedserve.services.api.generation import Generation, Output
@@ -29,6 +27,7 @@ from pagedserve.shared.messages import (
     PolicyReply,
 )
 from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.redis_connect import async_client
 from pagedserve.shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, Heartbeat, RunIdWatch
 from pagedserve.shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
 
@@ -57,10 +56,9 @@ class ApiLoop(ControlCommands):
         self.api_id = api_id or uuid.uuid4().hex[:12]
         self.submit_timeout_s = submit_timeout_s
         # a burst of submits waits for a free connection instead of failing
-        pool = aioredis.BlockingConnectionPool.from_url(redis_url, max_connections=MAX_REDIS_CONNECTIONS,
-                                                        timeout=submit_timeout_s, socket_timeout=10,
-                                                        socket_connect_timeout=3, health_check_interval=30)
-        self.redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+        self.redis = async_client(redis_url, blocking=True, max_connections=MAX_REDIS_CONNECTIONS,
+                                  timeout=submit_timeout_s, socket_timeout=10, socket_connect_timeout=3,
+                                  health_check_interval=30)  # owns its pool: aclose() closes it
         self.records = RecordStore(self.redis, keys, record_ttl_s)
         self.adopt: Callable[[str, dict, object], ApiRequest] | None = None  # set by the app
         self._live: dict[str, Generation] = {}  # sequence id -> its Generation, until it finishes

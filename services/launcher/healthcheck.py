@@ -22,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _heartbeat_alive(args: argparse.Namespace) -> tuple[bool, str]:
-    import redis
+    from pagedserve.shared.redis_connect import sync_client
 
     keys = Keys(args.prefix)
-    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
+    client = sync_client(args.redis_url, socket_connect_timeout=args.timeout, socket_timeout=args.timeout)
     try:
         if args.name == "worker" and args.worker_id is None:
             found = next(iter(client.scan_iter(match=keys.heartbeat_pattern("worker"), count=100)), None)

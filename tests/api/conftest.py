@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import redis
 
 from pagedserve.shared.codec import unpack
+from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import FIELD, Keys
 from tests.services.conftest import DEFAULT_ARGS, REDIS_URL, ServiceStack, delete_prefix, start_backend, wait_for
 from tests.waiting import stop_process
@@ -52,7 +52,7 @@ class ApiProcess:
             env["PAGEDSERVE_API_KEY"] = api_key  # through the environment, as a deployment would
         with open(self.log_path, "w") as log_file:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = sync_client(redis_url)  # plain or redis+sentinel://
 
     @property
     def headers(self) -> dict[str, str]:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import msgpack
 import pytest
-import redis
 
 from pagedserve.shared.codec import pack, unpack
 from pagedserve.shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
+from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import FIELD, Keys
 from tests.waiting import stop_process, wait_for  # noqa: F401  (wait_for re-exported to the tests)
 
@@ -43,7 +43,7 @@ START_TIMEOUT_S = 180.0
 
 def delete_prefix(prefix: str, redis_url: str = REDIS_URL) -> None:
     """Remove every key of a test's prefix."""
-    r = redis.Redis.from_url(redis_url)
+    r = sync_client(redis_url)
     keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
     if keys:
         r.delete(*keys)
@@ -55,7 +55,7 @@ class ServiceStack:
                  args: dict[str, list[str]] | None = None) -> None:
         self.keys = Keys(prefix or f"test-{uuid.uuid4().hex[:12]}")
         self.redis_url, self.log_dir = redis_url, log_dir
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = sync_client(redis_url)  # plain or redis+sentinel://
         self.args = {**DEFAULT_ARGS, **(args or {})}
         self.procs: dict[str, subprocess.Popen] = {}
         self.log_paths: list[Path] = []
