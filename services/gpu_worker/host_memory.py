@@ -3,9 +3,11 @@ high-water mark), the randomly read KV pool on huge pages."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
+import mmap
 
 import torch
 
@@ -13,7 +15,6 @@ log = logging.getLogger("pagedserve.worker")
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-MADV_HUGEPAGE = 14
 HUGE_PAGE = 2 << 20
 
 
@@ -30,18 +31,17 @@ def keep_freed_memory() -> bool:
 
 
 def huge_pages_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor advised onto transparent huge pages (where madvise mode allows)."""
+    """A zeroed CPU tensor on its own anonymous mapping, advised onto transparent huge pages (where
+    madvise mode allows). The kernel zero-fills each page at its first touch, so nothing is written
+    here: a pool of gigabytes costs no start time, and memory is taken as blocks are first used."""
     numel = 1
     for n in shape:
         numel *= n
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # over-allocate by one huge page so the view can start on a huge-page boundary
-    raw = torch.empty(numel * itemsize + HUGE_PAGE, dtype=torch.uint8)
-    offset = -raw.data_ptr() % HUGE_PAGE
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.madvise(ctypes.c_void_p(raw.data_ptr() + offset), ctypes.c_size_t(numel * itemsize), MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass  # ordinary pages: slower, same results
-    tensor = raw[offset : offset + numel * itemsize].view(dtype).view(shape)
-    return tensor.zero_()  # first touch after the advice; zeros: no slot may hold NaN
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    # one huge page more, so the view can start on a huge-page boundary
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping while the tensor lives
+    offset = -raw.data_ptr() % HUGE_PAGE  # a multiple of the base page: mappings start on one
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        mapping.madvise(mmap.MADV_HUGEPAGE, offset, nbytes)  # ordinary pages without it: slower, same results
+    return raw[offset : offset + nbytes].view(dtype).view(shape)

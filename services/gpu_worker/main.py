@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 
+from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared import redis_io
 from pagedserve.shared.config import ConfigError, EngineConfig
 from pagedserve.shared.streams import Keys
@@ -60,15 +61,16 @@ def check_worker_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"invalid config field 'threads'={args.threads!r}: at least 1")
 
 
-def _load_worker(config: EngineConfig, threads: int | None):
-    import torch
+def _load_worker(config: EngineConfig, threads: int | None, phases: StartupPhases):
+    with phases.phase("imports", "importing torch and the model code"):
+        import torch
 
-    from pagedserve.services.gpu_worker.worker import Worker
+        from pagedserve.services.gpu_worker.worker import Worker
 
     if threads is not None:
         torch.set_num_threads(threads)  # on the compute thread: its OpenMP team is this size
     torch.manual_seed(config.seed)
-    return Worker(config)
+    return Worker(config, phases)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,14 +86,17 @@ def run(args: argparse.Namespace) -> int:
     # every torch op runs on one thread: OpenMP gives each calling thread its own team, and two teams contend
     if args.threads is not None:  # before torch loads: OpenMP reads it once
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    phases = StartupPhases()
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
-        worker = compute.submit(_load_worker, config, args.threads).result()
+        worker = compute.submit(_load_worker, config, args.threads, phases).result()
     except Exception as e:  # a model that cannot load or a pool that does not fit
         log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
         return 1
     max_model_len = config.max_model_len or worker.model_config.max_position_embeddings
     from pagedserve.services.gpu_worker.loop import WorkerLoop
+
+    phases.begin("joining the stack (heartbeat, hello to the scheduler)")
 
     return redis_io.run_loop(args.redis_url, "worker", lambda r: WorkerLoop(
         r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute))

@@ -4,21 +4,23 @@ tokens (sampled ones appended here), block table and sampling state."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
 
+from pagedserve.services.gpu_worker import weight_cache
 from pagedserve.services.gpu_worker.attention import get_backend
 from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
 from pagedserve.services.gpu_worker.attention.kv_quant import cache_dtype
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
 from pagedserve.services.gpu_worker.host_memory import keep_freed_memory
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
+from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 
@@ -36,24 +38,31 @@ class _RequestState:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, phases: StartupPhases | None = None):
+        """phases: where the start's steps are timed and logged (`pagedserve worker` passes its own)."""
+        phases = phases or StartupPhases()
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
-        started = time.perf_counter()
-        self.model = build_model(config.model, self.dtype, self.device)
+            if cpu_extensions.enabled():
+                with phases.phase("kernels", "loading the CPU kernels (built once per machine: minutes the first "
+                                             "time, `pagedserve build-kernels` does it ahead)"):
+                    for name in cpu_extensions.SOURCES:
+                        cpu_extensions.load(name)
+        self.model = weight_cache.load_model(config.model, self.dtype, self.device, build_model, phases)
         self.model_config = self.model.config
         self.backend = get_backend(self._backend_name())
         self.block_size = config.block_size
         self.kv_dtype = cache_dtype(config.kv_cache_dtype, self.dtype)
         num_blocks = num_blocks_for(config, self.model_config, self.kv_dtype, self.device)
-        self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
+        with phases.phase("kv_pool", f"allocating the KV pool ({num_blocks} blocks)"):
+            self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.requests: dict[str, _RequestState] = {}
-        log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB) in %.1fs",
+        log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB); %s",
                  config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,
-                 time.perf_counter() - started)
+                 phases.summary())
 
     @property
     def num_blocks(self) -> int:
