@@ -32,6 +32,7 @@ class TierIndex:
         self.num_stored = 0  # entries ever inserted
         self.num_evicted = 0  # entries ever evicted for room (not counting clear())
         self.num_refused = 0  # inserts that found no room among unpinned entries
+        self._events: dict[bytes, bool] = {}  # hash -> stored (True) or removed, net since take_events()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,6 +71,7 @@ class TierIndex:
             self._remove(victim)
             self.num_evicted += 1
         self._entries[key] = TierEntry(num_bytes)
+        self._events[key[1]] = True
         self.used_bytes += num_bytes
         self.num_stored += 1
         return True
@@ -95,6 +97,11 @@ class TierIndex:
             self._remove(victim)
         return len(victims)
 
+    def take_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(hashes stored, hashes removed) since the last call, for the router's index."""
+        events, self._events = self._events, {}
+        return [h for h, stored in events.items() if stored], [h for h, stored in events.items() if not stored]
+
     def take_evicted(self) -> list[TierKey]:
         evicted, self._evicted = list(self._evicted), {}
         return evicted
@@ -103,6 +110,7 @@ class TierIndex:
         entry = self._entries.pop(key)
         self.used_bytes -= entry.num_bytes
         self._evicted[key] = None
+        self._events[key[1]] = False
 
     def stats(self) -> dict:
         return {"tier_capacity_bytes": self.capacity_bytes, "tier_used_bytes": self.used_bytes,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pagedserve.services.kvstore.block_manager import BlockManager
 from pagedserve.services.kvstore.tier_index import TierIndex
 from pagedserve.services.kvstore.tier_link import TierLink
-from pagedserve.shared.messages import AllocReply, AllocRequest, WorkerHello
+from pagedserve.shared.messages import KEY_BYTES, AllocReply, AllocRequest, WorkerHello
 
 log = logging.getLogger("pagedserve.kvstore")
 
@@ -100,6 +100,12 @@ class WorkerPools:
         reply.blocks_stored, reply.blocks_removed, cleared = manager.take_kv_events()
         # a reset pool is a new, empty one: whatever the scheduler indexed for it is gone
         reply.all_blocks_cleared = cleared or request.reset
+        if self.tier is not None:  # the tier's events ride on whichever reply comes next
+            stored, removed = self.tier.take_events()
+            if request.reset:  # a (re)started scheduler knows nothing yet: the whole tier
+                stored, removed, reply.tier_blocks_whole = [h for _ns, h in self.tier.keys()], [], True
+            reply.tier_blocks_stored = b"".join(h[:KEY_BYTES] for h in stored)
+            reply.tier_blocks_removed = b"".join(h[:KEY_BYTES] for h in removed)
         return reply
 
     def reset_prefix_cache(self) -> int:

@@ -16,6 +16,7 @@ import time
 
 import httpx
 
+from pagedserve.services.gpu_worker.startup import last_phase
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from pagedserve.services.launcher.supervisor import Child, Supervisor
@@ -182,7 +183,7 @@ def wait_ready(sup: Supervisor, base_url: str, timeout_s: float, stop: threading
     """None once /ready is 200; else why not (a child died, timeout, interrupted)."""
     start = time.monotonic()
     next_progress = start + PROGRESS_EVERY_S
-    missing = "api"
+    missing, said = "api", ""
     with httpx.Client(timeout=2.0) as client:
         while not stop.is_set():
             dead = sup.first_dead()
@@ -198,11 +199,19 @@ def wait_ready(sup: Supervisor, base_url: str, timeout_s: float, stop: threading
             now = time.monotonic()
             if now - start > timeout_s:
                 return f"not ready after {timeout_s:.0f} s (waiting for: {missing})"
-            if now >= next_progress:
-                log.info("waiting for the stack (%.0f s): %s not ready yet", now - start, missing)
-                next_progress = now + PROGRESS_EVERY_S
+            doing = workers_doing(sup)
+            if now >= next_progress or (doing and doing != said):  # at once when a worker's phase changes
+                log.info("waiting for the stack (%.0f s): %s not ready yet%s", now - start, missing,
+                         f"; {doing}" if doing else "")
+                next_progress, said = now + PROGRESS_EVERY_S, doing
             stop.wait(0.5)
     return "interrupted"
+
+
+def workers_doing(sup: Supervisor) -> str:
+    """'worker: <its latest startup phase>' for each worker that has logged one, '; '-joined."""
+    doing = ((c.name, last_phase(c.tail(40))) for c in sup.children if c.name.startswith("worker"))
+    return "; ".join(f"{name}: {phase}" for name, phase in doing if phase)
 
 
 def report_failure(sup: Supervisor, why: str) -> None:
@@ -271,7 +280,9 @@ def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis
     if why is not None:
         report_failure(sup, why)
         return 1
-    print(f"pagedserve ready at http://{args.host}:{args.port}", flush=True)
+    wildcard = " (listening on every interface)" if args.host in ("0.0.0.0", "", "::") else ""
+    print(f"pagedserve ready at {base_url}{wildcard}", flush=True)
+    print(f"  dashboard {base_url}/dashboard, API docs {base_url}/docs, metrics {base_url}/metrics", flush=True)
     lost: set[str] = set()  # workers gone while others serve on (their requests moved)
     while not stop.wait(0.5):
         dead = [c for c in sup.children if c.returncode() is not None and c.name not in lost]

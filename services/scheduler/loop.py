@@ -181,6 +181,8 @@ class SchedulerLoop:
         if kind == "alloc":  # the pool's changes, whether or not the step is still open
             self.workers.router.index.apply(lane.worker_id, reply.blocks_stored, reply.blocks_removed,
                                             reply.all_blocks_cleared)
+            self.workers.router.index.apply_tier(reply.tier_blocks_stored, reply.tier_blocks_removed,
+                                                 reply.tier_blocks_whole)
             if reply.num_blocks:
                 lane.held_blocks = reply.num_blocks - reply.num_free_blocks
         if lane.expects(kind, reply.step_id):

@@ -1,5 +1,7 @@
 """Placement (no Redis): the worker a request is queued on, chosen once, as Dynamo's KV router does:
-cost(w) = prefill_weight * new(w) + decode_weight * (load(w) + new(w)), new(w) = blocks not cached on w.
+cost(w) = prefill_weight * (new(w) - (1 - TIER_LOAD_WEIGHT) * tier(w)) + decode_weight * (load(w) + new(w)),
+new(w) = blocks not cached in w's pool, tier(w) = how many of those, in a row, the offload tier holds:
+a block costs nothing in the worker's pool, a load from the tier, a prefill nowhere.
 
 A block key is a chained prefix hash, so a worker's overlap is how many leading keys it holds; a stale
 index costs a recompute, never a wrong answer. Placed keys count as predicted until events or a TTL.
@@ -18,6 +20,9 @@ from pagedserve.shared.messages import KEY_BYTES
 ROUTERS = ("prefix", "round-robin")
 PREDICTED_TTL_S = 30.0
 PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired ones
+# a tier block's cost as a fraction of prefilling it: a load is one MGET and a copy of the block's
+# bytes, a prefill the whole model over its 16 tokens (docs/benchmarks.md, issue 28)
+TIER_LOAD_WEIGHT = 0.1
 
 
 def block_keys(token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "") -> list[bytes]:
@@ -37,6 +42,22 @@ class PrefixIndex:
         self._keys_of: dict[str, set[bytes]] = {}
         self._predicted: dict[bytes, dict[str, float]] = {}  # key -> worker -> expiry (monotonic)
         self._num_predicted = 0
+        self.tier: set[bytes] = set()  # block keys the offload tier holds (every worker's)
+
+    def apply_tier(self, stored: bytes = b"", removed: bytes = b"", whole: bool = False) -> None:
+        if whole:
+            self.tier = set()
+        self.tier.update(split_keys(stored))
+        self.tier.difference_update(split_keys(removed))
+
+    def tier_run(self, keys: Sequence[bytes], start: int) -> int:
+        """How many keys from start on the tier holds, in a row."""
+        count = 0
+        for key in keys[start:]:
+            if key not in self.tier:
+                break
+            count += 1
+        return count
 
     def apply(self, worker_id: str, stored: bytes = b"", removed: bytes = b"", cleared: bool = False) -> None:
         """One reply's events: cleared, then stored, then removed (a net diff: no key is in both)."""
@@ -116,12 +137,18 @@ class Router:
         self._turn = itertools.count()
 
     def costs(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> dict[str, float]:
-        return self._costs(num_blocks, self.index.overlaps(keys, [c.worker_id for c in candidates]), candidates)
+        keys = keys[:max(0, num_blocks - 1)]
+        overlaps = self.index.overlaps(keys, [c.worker_id for c in candidates])
+        return self._costs(keys, num_blocks, overlaps, candidates)
 
-    def _costs(self, num_blocks: int, overlaps: dict[str, int], candidates: Sequence[Candidate]) -> dict[str, float]:
-        new = {c.worker_id: num_blocks - overlaps[c.worker_id] for c in candidates}
-        return {c.worker_id: self.prefill_weight * new[c.worker_id]
-                + self.decode_weight * (c.load_blocks + new[c.worker_id]) for c in candidates}
+    def _costs(self, keys: Sequence[bytes], num_blocks: int, overlaps: dict[str, int],
+               candidates: Sequence[Candidate]) -> dict[str, float]:
+        costs = {}
+        for c in candidates:
+            new = num_blocks - overlaps[c.worker_id]
+            prefill = new - (1 - TIER_LOAD_WEIGHT) * self.index.tier_run(keys, overlaps[c.worker_id])
+            costs[c.worker_id] = self.prefill_weight * prefill + self.decode_weight * (c.load_blocks + new)
+        return costs
 
     def place(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> str:
         return self.choose(keys, num_blocks, candidates)[0]
@@ -138,7 +165,7 @@ class Router:
             chosen = ordered[turn].worker_id
             return chosen, num_blocks - self.index.overlaps(keys, [chosen])[chosen]
         overlaps = self.index.overlaps(keys, [c.worker_id for c in ordered])
-        costs = self._costs(num_blocks, overlaps, ordered)
+        costs = self._costs(keys, num_blocks, overlaps, ordered)
         chosen = min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id
         self.index.predict(chosen, keys)
         return chosen, num_blocks - overlaps[chosen]

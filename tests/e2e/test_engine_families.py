@@ -1,6 +1,7 @@
 """Every supported family (tiny random transformers checkpoints from HF folders) through the
 in-process engine, float32 greedy: the same 32 tokens as transformers for 4 prompts sharing a
-prefix, run alone, batched with prefix caching, and through a pool small enough to preempt."""
+prefix, run alone, batched with prefix caching, and through a pool small enough to preempt;
+and from the GGUF the `gguf` package writes of it (Q8_0), batched with prefix caching."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 from pagedserve.services.engine import Engine
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
-from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, hf_greedy, save_checkpoint
+from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, hf_checkpoint, hf_greedy, save_checkpoint
+from tests.gpu_worker.family_gguf import write_gguf
 
 MAX_NEW_TOKENS = 32
+pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -65,4 +68,16 @@ def test_preempted_requests_match_transformers(family):
     assert engine.scheduler.stats().num_preemptions_total >= 1
     assert [o.token_ids for o in outputs] == expected
     assert engine.block_manager.stats()["num_held_blocks"] == 0
+    engine.block_manager.check_integrity()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, name):
+    hf_model = hf_checkpoint(name)
+    path = tmp_path / f"{name}.gguf"
+    hf_model.load_state_dict(write_gguf(hf_model, path, "Q8_0"), strict=False)  # the weights it holds
+    prompts = _prompts()
+    engine = _engine(str(path))
+    outputs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == [hf_greedy(hf_model, p, MAX_NEW_TOKENS) for p in prompts]
     engine.block_manager.check_integrity()

@@ -14,8 +14,7 @@ from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 @pytest.fixture(scope="module")
 def smollm2():
     config, state = load_weights("smollm2")
-    heads = (config.num_heads, config.num_kv_heads)
-    return config, state, gguf_blocks.load_q4_1("smollm2", *heads), gguf_blocks.load_q8_0("smollm2", *heads)
+    return config, state, gguf_blocks.load_q4_1("smollm2", config), gguf_blocks.load_q8_0("smollm2", config)
 
 
 def test_smollm2_q4_1_blocks_dequantize_to_the_loaded_weights(smollm2):

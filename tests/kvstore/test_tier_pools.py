@@ -107,3 +107,16 @@ def test_a_reset_empties_the_tier_and_a_lost_worker_ends_its_pins():
     assert pools.check_integrity() is None and pools.tier.num_pinned == 0
     assert pools.reset_prefix_cache() == 2 + 2  # two pool blocks, two tier blocks
     assert len(pools.take_tier_evicted()) == 2 and len(pools.tier) == 0
+
+
+def test_replies_carry_the_tiers_events_and_a_reset_the_whole_tier():
+    pools = pools_of(hello("w1"), hello("w2"), capacity_blocks=2)
+    tokens, other = list(range(1, 10)), list(range(50, 55))
+    h = hashes(tokens)
+    a = checked(pools, alloc("w1", 2, admit("a", tokens)))
+    assert (a.tier_blocks_stored, a.tier_blocks_removed) == (h[0][:8] + h[1][:8], b"")
+    checked(pools, alloc("w1", 3, free=["a"]))
+    b = checked(pools, alloc("w2", 2, admit("b", other)))  # evicts h[0], the least recently used
+    assert (b.tier_blocks_stored, b.tier_blocks_removed) == (hashes(other)[0][:8], h[0][:8])
+    reset = checked(pools, alloc("w1", 4, reset=True))
+    assert reset.tier_blocks_whole and reset.tier_blocks_stored == h[1][:8] + hashes(other)[0][:8]

@@ -8,12 +8,13 @@ import os
 import numpy as np
 import torch
 
+from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.weights import (
     _canonical_gguf_name,
-    _unpermute_rope_rows,
     find_gguf_in_dir,
     open_gguf,
     resolve_model,
+    unpermute_if_rope_rows,
 )
 
 BLOCK = 32  # weights per block, both types
@@ -42,27 +43,24 @@ def _fp16(raw: np.ndarray, offset: int) -> np.ndarray:
     return raw[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-def _as_state_rows(name: str, arrays: tuple, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, ...]:
-    if name.endswith(("q_proj.weight", "k_proj.weight")):
-        heads = num_heads if name.endswith("q_proj.weight") else num_kv_heads
-        arrays = tuple(_unpermute_rope_rows(a, heads) for a in arrays)
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+def _as_state_rows(name: str, arrays: tuple, config: ModelConfig) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(np.ascontiguousarray(unpermute_if_rope_rows(name, a, config))) for a in arrays)
 
 
-def load_q4_1(path_or_name: str, num_heads: int, num_kv_heads: int) -> dict[str, tuple[torch.Tensor, ...]]:
+def load_q4_1(path_or_name: str, config: ModelConfig) -> dict[str, tuple[torch.Tensor, ...]]:
     blocks = {}
     for name, num_cols, raw in _tensors(path_or_name, "Q4_1", Q4_1_BLOCK_BYTES):
         packed = raw[..., 4:]
         q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(raw.shape[0], num_cols)
-        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0), _fp16(raw, 2)), num_heads, num_kv_heads)
+        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0), _fp16(raw, 2)), config)
     return blocks
 
 
-def load_q8_0(path_or_name: str, num_heads: int, num_kv_heads: int) -> dict[str, tuple[torch.Tensor, ...]]:
+def load_q8_0(path_or_name: str, config: ModelConfig) -> dict[str, tuple[torch.Tensor, ...]]:
     blocks = {}
     for name, num_cols, raw in _tensors(path_or_name, "Q8_0", Q8_0_BLOCK_BYTES):
         q = raw[..., 2:].copy().view(np.int8).reshape(raw.shape[0], num_cols)
-        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0)), num_heads, num_kv_heads)
+        blocks[name] = _as_state_rows(name, (q, _fp16(raw, 0)), config)
     return blocks
 
 

@@ -254,8 +254,7 @@ def build_model(path_or_name: str, dtype: torch.dtype = torch.float32, device=No
     config, state = load_weights(path_or_name)
     model = LlamaForCausalLM(config, dtype=dtype, device=device)
     if dtype in (torch.bfloat16, torch.float32) and model.embed_tokens.device.type == "cpu":
-        heads = (config.num_heads, config.num_kv_heads)
-        model.attach_gguf_blocks({**gguf_blocks.load_q4_1(path_or_name, *heads),
-                                  **gguf_blocks.load_q8_0(path_or_name, *heads)})
+        model.attach_gguf_blocks({**gguf_blocks.load_q4_1(path_or_name, config),
+                                  **gguf_blocks.load_q8_0(path_or_name, config)})
     model.load_state_dict_canonical(state)
     return model.eval()

@@ -1,5 +1,6 @@
-"""Load an HF directory or GGUF file into one canonical float32 state dict (HF llama names;
-`lm_head.weight` only when the embeddings are not tied)."""
+"""Load an HF directory or GGUF file into one canonical float32 state dict (HF names;
+`lm_head.weight` only when the embeddings are not tied). GGUF tensors of the types in
+GGUF_TYPES are dequantized at load by the gguf package's own `gguf.quants.dequantize`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.families import FAMILIES
 from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
 
 _GGUF_GLOBAL_NAMES = {
@@ -30,8 +32,13 @@ _GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
-_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_GGUF_CONFIG_TENSORS = ("rope_freqs.weight",)  # read into the config (rope), not the state
+# the tensor types served (Q4_K_M/Q5_K_M files mix Q4_K/Q5_K with Q6_K); others are refused at start
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -60,8 +67,25 @@ def load_config(path_or_name: str) -> ModelConfig:
     path = resolve_model(path_or_name)
     gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
     if gguf_file:
-        return ModelConfig.from_gguf(open_gguf(gguf_file))
+        reader = open_gguf(gguf_file)
+        check_gguf_types(reader, gguf_file)
+        return ModelConfig.from_gguf(reader)
     return _hf_dir_config(path)
+
+
+def check_gguf_types(reader, path: str) -> None:
+    """Refuse a GGUF holding a tensor type outside GGUF_TYPES, naming it and those served."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in GGUF_TYPES:
+            raise ValueError(f"{os.path.basename(path)}: tensor {tensor.name!r} has GGUF type "
+                             f"{tensor.tensor_type.name}, not supported (supported: {', '.join(GGUF_TYPES)})")
+
+
+def dequantize_tensor(tensor) -> np.ndarray:
+    """A GGUFReader tensor -> float32 [rows, cols] (HF [out, in] order; 1-D stays 1-D), a copy."""
+    import gguf
+
+    return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
 
 
 def _hf_dir_config(directory: str) -> ModelConfig:
@@ -94,21 +118,27 @@ def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
 
 def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    import gguf
-
     reader = open_gguf(path)
+    check_gguf_types(reader, path)
     config = ModelConfig.from_gguf(reader)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
+        if tensor.name in _GGUF_CONFIG_TENSORS:
+            continue
         name = _canonical_gguf_name(tensor.name)
-        # dequantize returns float32 [rows, cols] (HF [out, in] order); copy F32 memmaps too
-        weights = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
-            weights = _unpermute_rope_rows(weights, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            weights = _unpermute_rope_rows(weights, config.num_kv_heads)
-        state[name] = torch.from_numpy(weights)
+        state[name] = torch.from_numpy(unpermute_if_rope_rows(name, dequantize_tensor(tensor), config))
     return config, state
+
+
+def unpermute_if_rope_rows(name: str, rows: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """HF row order for a Q or K projection (weight or bias) of an arch llama.cpp permutes."""
+    if not FAMILIES[config.architecture].gguf_rope_rows_permuted:
+        return rows
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return _unpermute_rope_rows(rows, config.num_heads)
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return _unpermute_rope_rows(rows, config.num_kv_heads)
+    return rows
 
 
 def _canonical_gguf_name(gguf_name: str) -> str:
@@ -116,8 +146,8 @@ def _canonical_gguf_name(gguf_name: str) -> str:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
-        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a llama model")
-    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.weight"
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} (knows {', '.join(_GGUF_LAYER_NAMES)})")
+    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
 
 
 def _unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:

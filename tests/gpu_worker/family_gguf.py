@@ -1,0 +1,98 @@
+"""A tiny transformers checkpoint written as a GGUF by the `gguf` package, the way llama.cpp's
+convert_hf_to_gguf.py lays it out (Q/K rows interleaved for arch llama, llama3 rope as a
+rope_freqs tensor, 1-D tensors kept F32), and the HF state the file really holds."""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+import torch
+
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name in _GLOBAL:
+        return _GLOBAL[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+
+
+def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: HF rotate-half rows -> GGUF interleaved pairs, per head."""
+    return (weights.reshape(num_heads, 2, weights.shape[0] // num_heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _rope_freqs(cfg, head_dim: int) -> np.ndarray:
+    """llama.cpp's llama3 rope factors per dim pair (convert_hf_to_gguf.py's generate_extra_tensors)."""
+    rope = cfg.rope_parameters
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(hf_model, path, type_name: str = "F32") -> dict[str, torch.Tensor]:
+    """Write the GGUF (2-D weights as type_name); returns the HF-named float32 state it holds."""
+    cfg = hf_model.config
+    arch = _ARCH[cfg.model_type]
+    qtype = gguf.GGMLQuantizationType[type_name]
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
+    writer.add_eos_token_id(eos[0])
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
+    held = {}
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        data = tensor.float().numpy()
+        if data.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(data, qtype)
+            held[name] = torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32))
+        else:
+            held[name] = torch.from_numpy(data.copy())
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            data = _permute(data, heads)  # whole rows move: the blocks along each row stay intact
+        raw_dtype = None if data.dtype in (np.float32, np.float16) else qtype
+        writer.add_tensor(_gguf_name(name), data, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return held

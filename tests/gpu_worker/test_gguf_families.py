@@ -1,0 +1,89 @@
+"""GGUF files as people download them: each family's tiny checkpoint written by the `gguf`
+package in every type it can write loads with logits within 1e-4 of transformers holding the
+same (dequantized) weights; random blocks of every served type dequantize through the loader
+exactly as `gguf.quants.dequantize`; other types are refused at start, by name."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from pagedserve.services.gpu_worker.model.llama import build_model
+from pagedserve.services.gpu_worker.model.weights import GGUF_TYPES, dequantize_tensor, load_config, open_gguf
+from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, hf_checkpoint
+from tests.gpu_worker.family_gguf import write_gguf
+from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
+
+WRITABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0")  # the types gguf's Python quantizes
+
+
+@pytest.mark.parametrize("type_name", WRITABLE)
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type_name):
+    hf_model = hf_checkpoint(name)
+    path = tmp_path / f"{name}-{type_name}.gguf"
+    hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
+    model = build_model(str(path))
+    assert model.config.architecture == ("llama" if name in ("llama3", "mistral") else name)
+    if name == "llama3":
+        assert model.config.rope_scaling["rope_type"] == "freq_factors"  # from the file's rope_freqs
+    prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+                                           [(prompt, 0, BLOCK_TABLE)]))
+    assert (logits - expected).abs().max() < 1e-4
+
+
+# byte offsets of each block's fp16 scales (ggml-common.h): set finite, the rest stays random
+_FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82),
+                "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random raw tensor data of the type, uint8 [rows, bytes per row], every scale finite."""
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if type_name in ("F16", "BF16"):
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        return gguf.quants.quantize(values, qtype).view(np.uint8)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, block_bytes), dtype=np.uint8)
+    for offset in _FP16_FIELDS[type_name]:
+        scales = (rng.random((rows, cols // block)) * 0.05).astype(np.float16)
+        raw[..., offset:offset + 2] = scales[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def _write_one_tensor(path, type_name: str, raw: np.ndarray) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("type_name", [t for t in GGUF_TYPES if t != "F32"])
+def test_loader_dequantizes_random_blocks_as_gguf_does(tmp_path, type_name):
+    raw = random_blocks(type_name, 8, 512)
+    _write_one_tensor(tmp_path / "blocks.gguf", type_name, raw)
+    (tensor,) = open_gguf(str(tmp_path / "blocks.gguf")).tensors
+    loaded = dequantize_tensor(tensor)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name])
+    assert loaded.shape == (8, 512) and loaded.dtype == np.float32
+    assert np.isfinite(expected).all()
+    np.testing.assert_array_equal(loaded, expected)
+
+
+def test_unsupported_quant_type_is_refused_at_start(tmp_path):
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+    path = tmp_path / "iq.gguf"
+    _write_one_tensor(path, "IQ4_NL", np.zeros((8, 512 // block * block_bytes), np.uint8))
+    with pytest.raises(ValueError, match=r"iq.gguf: tensor 'blk.0.ffn_up.weight' has GGUF type IQ4_NL, "
+                                         r"not supported \(supported: F32, F16, BF16, Q8_0"):
+        load_config(str(path))
+    with pytest.raises(ValueError, match="IQ4_NL"):
+        build_model(str(path))
