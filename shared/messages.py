@@ -97,6 +97,10 @@ class AllocReply:
     all_blocks_cleared: bool = False
     # (request id, block index, hash): full blocks the worker writes to the offload tier after the step
     tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)
+    # the offload tier's own events (it is every worker's), as blocks_*, on whichever reply comes next
+    tier_blocks_stored: bytes = b""
+    tier_blocks_removed: bytes = b""
+    tier_blocks_whole: bool = False  # tier_blocks_stored lists every block the tier holds
 
 
 KEY_BYTES = 8  # a KV event's block key: the first bytes of its SHA-256 prefix hash
