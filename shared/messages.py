@@ -11,6 +11,15 @@ VERSION = 1
 
 
 @dataclass
+class GuidedDecoding:
+    """Structured output, validated at the api: kind "json" (spec: a JSON schema), "json_object" (any
+    JSON object; spec ""), "regex", or "grammar" (xgrammar EBNF/GBNF; a choice list arrives as one)."""
+
+    kind: str
+    spec: str = ""
+
+
+@dataclass
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 0.0  # 0 means greedy
@@ -23,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs to return; None: none
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    guided: GuidedDecoding | None = None  # constrained decoding (sampling/grammar.py)
     repetition_penalty: float = 1.0
     # n sequences from one prompt, prefilled once; the i-th gets seed + i (parallel_sampling.py)
     n: int = 1

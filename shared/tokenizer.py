@@ -37,11 +37,17 @@ class Tokenizer:
             return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    @property
+    def renders_tools(self) -> bool:
+        """Its chat template renders `tools` (and assistants' `tool_calls`) itself."""
+        return "tools" in (self.hf.chat_template or "")
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """[{"role", "content"}, ...] -> prompt ids ending with the assistant turn's header."""
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
-        return list(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:

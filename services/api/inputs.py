@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pagedserve.services.api.admission import RequestLimits, check_limits
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.structured_outputs import guided_decoding
+from pagedserve.services.api.tool_calls import ToolUse, template_messages, tool_use
 from pagedserve.shared.messages import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
@@ -43,8 +45,15 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         raise ApiError(404, f"the model '{body.model}' does not exist (this server serves '{info.served_name}')",
                        code="model_not_found", param="model")
     _check_unsupported(body, max_n)
+    guided = guided_decoding(body)
+    tools, tool_guide = tool_use(body) if isinstance(body, ChatCompletionRequest) else (None, None)
+    if tool_guide is not None:
+        if guided is not None:
+            raise ApiError(400, "tool_choice 'required' or a named function cannot be combined with a structured "
+                           "output", param="tool_choice")
+        guided = tool_guide
     if isinstance(body, ChatCompletionRequest):
-        prompt_ids = _chat_prompt(body, tokenizer)
+        prompt_ids = _chat_prompt(body, tokenizer, tools)
         kind, max_tokens = "chat", body.max_completion_tokens if body.max_completion_tokens is not None \
             else body.max_tokens
         default_max = min(DEFAULT_CHAT_MAX_TOKENS, info.max_model_len - len(prompt_ids))
@@ -67,6 +76,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
                        f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
                        code="context_length_exceeded", param="max_tokens")
     sampling = _sampling(body, max_tokens, logprobs, info)
+    sampling.guided = guided
     stop, priority, cache_salt = _stop_strings(body.stop), _bounded(body.priority, "priority", *_INT64), \
         _cache_salt(body.cache_salt)
     check_limits(limits, len(prompt_ids), max_tokens, prompt_field)
@@ -74,7 +84,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     return ApiRequest(kind=kind, model=info.served_name, request_id=request_id, prompt_token_ids=prompt_ids,
                       sampling=sampling, stop=stop, priority=priority, tenant=body.user if body.user is not None else tenant,
-                      cache_salt=cache_salt, stream=body.stream,
+                      cache_salt=cache_salt, stream=body.stream, tool_use=tools,
                       include_usage=bool(options and options.include_usage),
                       continuous_usage=bool(options and options.continuous_usage_stats))
 
@@ -115,7 +125,7 @@ def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> l
     return list(prompt)
 
 
-def _chat_prompt(body: ChatCompletionRequest, tokenizer) -> list[int]:
+def _chat_prompt(body: ChatCompletionRequest, tokenizer, tools: ToolUse | None) -> list[int]:
     if not body.messages:
         raise ApiError(400, "messages is empty: send at least one message", code="empty_prompt", param="messages")
     messages = []
@@ -126,8 +136,9 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer) -> list[int]:
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": _content(m.content, i)})
     if not any(m["content"] for m in messages):
         raise ApiError(400, "every message is empty", code="empty_prompt", param="messages")
+    messages, tool_list = template_messages(messages, body, tools, tokenizer.renders_tools)
     try:
-        return tokenizer.apply_chat_template(messages)
+        return tokenizer.apply_chat_template(messages, tools=tool_list)
     except Exception as e:  # a template that rejects the conversation (e.g. role order) is bad input
         raise ApiError(400, f"the chat template rejected these messages: {e}", param="messages") from None
 

@@ -7,6 +7,7 @@ import json
 
 from pagedserve.services.api.generation import Generation, Output
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.tool_calls import assistant_message
 from pagedserve.shared.messages import SampledToken
 
 
@@ -17,9 +18,9 @@ def completion_response(request: ApiRequest) -> dict:
 
 
 def chat_response(request: ApiRequest) -> dict:
-    body = [{"index": i, "message": {"role": "assistant", "content": gen.text},
-             "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": gen.finish_reason}
-            for i, gen in enumerate(request.gens)]
+    body = [{"index": i, "message": message, "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": finish}
+            for i, gen in enumerate(request.gens)
+            for message, finish in [assistant_message(gen.text, gen.finish_reason, request.tool_use)]]
     return _envelope(request, "chat.completion", body, usage=request.usage())
 
 

@@ -14,6 +14,7 @@ from pagedserve.services.api import openai_format as fmt
 from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
 from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.tool_stream import tool_events
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()
@@ -41,7 +42,8 @@ async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
     api_request = await state.accept(await read_body(request, state.max_body_bytes), request, cls)
     if api_request.stream:
-        return GenerationStream(api_request, _sse_events(api_request))
+        events = tool_events(api_request) if api_request.tool_use else _sse_events(api_request)
+        return GenerationStream(api_request, events)
     await while_connected(request.receive, api_request, _drain(api_request), "request handler ended early")
     if api_request.why == CLIENT_GONE:
         log.info("request %s: client hung up, aborted", api_request.request_id)

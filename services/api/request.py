@@ -22,6 +22,7 @@ from pagedserve.shared.parallel_sampling import child_request_ids
 
 if TYPE_CHECKING:
     from pagedserve.services.api.edge import ApiState
+    from pagedserve.services.api.tool_calls import ToolUse
 
 log = logging.getLogger("pagedserve.api")
 
@@ -40,6 +41,7 @@ class ApiRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    tool_use: ToolUse | None = None  # chat with tools: how its output is read (tool_calls.py)
     created: int = field(default_factory=lambda: int(time.time()))
     gens: list[Generation] = field(default_factory=list)  # its sequences, by index, once opened
     seq: int = 0  # the last record event written

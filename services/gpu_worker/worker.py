@@ -19,6 +19,7 @@ from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
+from pagedserve.services.gpu_worker.sampling.grammar import Grammars, SequenceGrammar, apply_masks
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
 from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared.config import EngineConfig
@@ -35,6 +36,7 @@ class _RequestState:
     sampling: SamplingParams
     num_prompt_tokens: int  # token_ids[:num_prompt_tokens] is the prompt (penalties tell them apart)
     num_scheduled_tokens: int = 0
+    grammar: SequenceGrammar | None = None  # structured output: its matcher
 
 
 class Worker:
@@ -60,6 +62,7 @@ class Worker:
         with phases.phase("kv_pool", f"allocating the KV pool ({num_blocks} blocks)"):
             self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.requests: dict[str, _RequestState] = {}
+        self.grammars = Grammars(config.model, self.model_config.vocab_size, list(self.model_config.eos_token_ids))
         log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB); %s",
                  config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,
                  phases.summary())
@@ -88,6 +91,9 @@ class Worker:
                 num_computed_tokens=new.num_computed_tokens, sampling=new.sampling,
                 num_prompt_tokens=len(new.token_ids) - new.num_output_tokens,
                 num_scheduled_tokens=new.num_scheduled_tokens)
+            if new.sampling.guided is not None:  # new, resumed or migrated: replay its output so far
+                self.requests[new.request_id].grammar = self.grammars.sequence(
+                    new.sampling.guided, new.token_ids[len(new.token_ids) - new.num_output_tokens:])
             scheduled.append(new.request_id)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
@@ -124,6 +130,7 @@ class Worker:
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
         positions = AttentionMetadata.positions(meta)
         tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        masks = self.grammars.start_masks([self.requests[r].grammar for r in sample_ids])  # beside the forward
         hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
         result = StepResult(step_id=plan.step_id)
         for state in states:
@@ -132,13 +139,15 @@ class Worker:
         if sample_rows:
             sample_states = [self.requests[r] for r in sample_ids]
             params = [s.sampling for s in sample_states]
-            if plain_greedy(params):  # the argmax straight from the model's logits
+            if masks is None and plain_greedy(params):  # the argmax straight from the model's logits
                 tokens = self._greedy(hidden[sample_rows])
                 result.sampled = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
             else:
-                logits = self.model.compute_logits(hidden[sample_rows])
+                logits = apply_masks(self.model.compute_logits(hidden[sample_rows]), masks)
                 result.sampled = sample(logits, params, sample_ids, [s.token_ids for s in sample_states],
                                         [s.num_prompt_tokens for s in sample_states])
             for state, token in zip(sample_states, result.sampled, strict=False):
                 state.token_ids.append(token.token_id)
+                if state.grammar is not None:
+                    state.grammar.accept(token.token_id)
         return result

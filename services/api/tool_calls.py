@@ -1,0 +1,178 @@
+"""Tool calling on chat: `tools` and `tool_choice` checked once, the tools put into the prompt, and
+the model's calls parsed out of its text into `message.tool_calls`.
+
+The call format is hermes (Qwen2.5/Qwen3's templates, vLLM's `--tool-call-parser hermes`):
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. A template that takes `tools` renders
+them itself; for one that does not, a system message describes them and the format (as llama.cpp's
+server does for generic models). `tool_choice` "auto" parses what the model wrote; "required" and
+a named function constrain the output with a JSON schema (as vLLM): a JSON array of
+`{"name", "arguments"}` calls, or the named function's `{"name", "arguments"}` object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from pagedserve.services.api.protocol import ApiError
+from pagedserve.services.api.structured_outputs import json_schema_guide
+from pagedserve.shared.messages import GuidedDecoding
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+START = "<tool_call>"
+
+
+@dataclass
+class ToolUse:
+    """What a request asked of its tools; mode "auto", "required" or "named"."""
+
+    mode: str
+    functions: list[dict] = field(default_factory=list)  # OpenAI's {"name", "description", "parameters"}
+
+
+def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
+    """(how to read the output, the constraint for it); (None, None) without tools or tool_choice "none"."""
+    tools, choice = body.tools, body.tool_choice
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        return None, None
+    functions = [_function(tool, i) for i, tool in enumerate(tools)]
+    names = [f["name"] for f in functions]
+    if choice in (None, "auto"):
+        return ToolUse("auto", functions), None
+    if choice == "none":
+        return None, None
+    if choice == "required":
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": [_call_schema(f) for f in functions]}}
+        return ToolUse("required", functions), json_schema_guide(calls, "tools")
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
+        raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+                       "'function': {'name': ...}}", param="tool_choice")
+    if name not in names:
+        raise ApiError(400, f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
+    function = functions[names.index(name)]
+    return ToolUse("named", [function]), json_schema_guide(_call_schema(function), "tools")
+
+
+def _function(tool, index: int) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise ApiError(400, f"tools[{index}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+    function = tool["function"]
+    name = function.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ApiError(400, f"tools[{index}].function.name must be 1-64 letters, digits, '_', '.', ':' or '-'",
+                       param="tools")
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    json_schema_guide(parameters, f"tools[{index}].function.parameters")
+    return {"name": name, "description": function.get("description") or "", "parameters": parameters}
+
+
+def _call_schema(function: dict) -> dict:
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def template_messages(messages: list[dict], body, use: ToolUse | None, native: bool) -> tuple[list[dict], list | None]:
+    """Chat messages (role, content) plus the body's tool calls and tool results -> (messages, tools)
+    for the chat template: its own tool handling if it has one (native), else text it renders as any other."""
+    out = []
+    for message, raw in zip(messages, body.messages, strict=True):
+        message = dict(message)
+        calls = raw.tool_calls or []
+        if native:
+            if calls:
+                message["tool_calls"] = [_template_call(c) for c in calls]
+            if raw.tool_call_id is not None:
+                message["tool_call_id"] = raw.tool_call_id
+        elif calls:
+            rendered = "\n".join(f"{START}\n{json.dumps(_template_call(c)['function'], ensure_ascii=False)}\n"
+                                 "</tool_call>" for c in calls)
+            message["content"] = f"{message['content']}\n{rendered}".lstrip("\n")
+        out.append(message)
+    if use is None:
+        return out, None
+    if native:
+        return out, [{"type": "function", "function": f} for f in use.functions]
+    system = _system_prompt(use)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}
+    else:
+        out.insert(0, {"role": "system", "content": system})
+    return out, None
+
+
+def _template_call(call) -> dict:
+    function = (call.get("function") or {}) if isinstance(call, dict) else {}
+    arguments = function.get("arguments", "{}")
+    try:
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        raise ApiError(400, "an assistant message's tool_calls[].function.arguments is not JSON",
+                       param="messages") from None
+    return {"type": "function", "function": {"name": function.get("name", ""), "arguments": arguments}}
+
+
+def _system_prompt(use: ToolUse) -> str:
+    listed = "\n".join(json.dumps({"type": "function", "function": f}, ensure_ascii=False) for f in use.functions)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>"
+            "\n\nFor each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+            "<args-json-object>}\n</tool_call>")
+
+
+def parse(text: str, use: ToolUse) -> tuple[str | None, list[dict]]:
+    """The model's text -> (content, OpenAI tool_calls); no call found: (text, [])."""
+    if use.mode == "auto":
+        head, start, _ = text.partition(START)
+        if not start:
+            return text, []
+        found = [_loads(m.group(1)) for m in _CALL.finditer(text)]
+        raw = [c for c in found if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        if not raw:
+            return text, []
+        content = head.strip() or None
+    else:
+        value = _loads(text)
+        raw = value if use.mode == "required" and isinstance(value, list) else [value]
+        raw = [c for c in raw if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        if not raw:
+            return text, []
+        content = None
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", c.get("parameters", {})),
+                                                                       ensure_ascii=False)}} for c in raw]
+    return content, calls
+
+
+def assistant_message(text: str, finish_reason: str | None, use: ToolUse | None) -> tuple[dict, str | None]:
+    """A finished choice's (message, finish_reason): "tool_calls" when it called any."""
+    if use is None:
+        return {"role": "assistant", "content": text}, finish_reason
+    content, calls = parse(text, use)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
+def _loads(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def held_back(text: str) -> int:
+    """Where streamed content must stop (auto): at a tool call's start, or a partial one at the end."""
+    at = text.find(START)
+    if at >= 0:
+        return at
+    for k in range(min(len(START) - 1, len(text)), 0, -1):
+        if START.startswith(text[-k:]):
+            return len(text) - k
+    return len(text)

@@ -1,0 +1,44 @@
+"""A chat stream with tools (tool_calls.py): content as it comes up to where a tool call starts;
+each call, once its choice ends, as one `tool_calls` delta (id, name, whole arguments) that the
+openai client assembles as it does OpenAI's; then the finish ("tool_calls" when it called any)."""
+
+from __future__ import annotations
+
+from pagedserve.services.api import openai_format as fmt
+from pagedserve.services.api import tool_calls
+from pagedserve.services.api.edge import CLIENT_GONE
+from pagedserve.services.api.generation import Output
+from pagedserve.services.api.request import ApiRequest
+
+
+async def tool_events(request: ApiRequest):
+    use = request.tool_use
+    for index in range(len(request.gens)):
+        yield fmt.sse(fmt.chat_role_chunk(request, index))
+    sent = [0] * len(request.gens)  # characters of each choice's text sent as content
+    async for index, out in request.outputs():
+        text = request.gens[index].text
+        if out.finish_reason is None:
+            limit = tool_calls.held_back(text) if use.mode == "auto" else 0
+            if limit > sent[index]:
+                yield fmt.sse(_chunk(request, index, {"content": text[sent[index]:limit]}))
+                sent[index] = limit
+            continue
+        message, finish = tool_calls.assistant_message(text, out.finish_reason, use)
+        calls = message.get("tool_calls") or []
+        if not calls and len(text) > sent[index]:
+            yield fmt.sse(_chunk(request, index, {"content": text[sent[index]:]}))
+        for k, call in enumerate(calls):
+            yield fmt.sse(_chunk(request, index, {"tool_calls": [{"index": k, **call}]}))
+        yield fmt.sse(_chunk(request, index, {}, finish))
+    if request.why == CLIENT_GONE:
+        return
+    if request.include_usage:
+        yield fmt.sse(fmt.usage_chunk(request))
+    yield fmt.sse("[DONE]")
+
+
+def _chunk(request: ApiRequest, index: int, delta: dict, finish_reason: str | None = None) -> dict:
+    chunk = fmt.chat_chunk(request, index, Output("", [], finish_reason=finish_reason))
+    chunk["choices"][0]["delta"] = delta
+    return chunk

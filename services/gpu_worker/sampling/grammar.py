@@ -1,0 +1,135 @@
+"""Structured outputs on the worker (xgrammar): one matcher per sequence, a token bitmask per step.
+
+Grammars compile on their own thread the moment a plan names them, once per (kind, spec) (cached),
+so a new schema never runs on the step's thread; a step's masks are filled on another thread while
+the model's forward runs, and joined just before sampling. A matcher is state that never travels:
+a sequence seen anew (new, resumed after a preemption, migrated to this worker, a fork's child)
+gets a fresh one that replays the tokens it generated so far. Once a grammar is complete only the
+stop tokens (the model's EOS) are allowed, so the request ends there as any other.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from pagedserve.shared.messages import GuidedDecoding
+
+log = logging.getLogger("pagedserve.worker")
+
+MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (least recently asked dropped first)
+
+
+def compile_guided(compiler, guided: GuidedDecoding):
+    """xgrammar.GrammarCompiler + what the api validated -> a CompiledGrammar."""
+    if guided.kind == "json":
+        return compiler.compile_json_schema(guided.spec, any_whitespace=False)
+    if guided.kind == "json_object":  # any object (not any JSON value), with any properties
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+    if guided.kind == "regex":
+        return compiler.compile_regex(guided.spec)
+    if guided.kind == "grammar":
+        return compiler.compile_grammar(guided.spec)
+    raise ValueError(f"unknown structured output kind {guided.kind!r}")
+
+
+class SequenceGrammar:
+    """One sequence's matcher; built on first use from its compiled grammar, replaying the output so far."""
+
+    def __init__(self, compiled: Future, output_token_ids: list[int]):
+        self._compiled = compiled
+        self._pending = list(output_token_ids)  # accepted before the matcher exists
+        self._matcher = None
+
+    def matcher(self):
+        if self._matcher is None:
+            import xgrammar as xgr
+
+            self._matcher = xgr.GrammarMatcher(self._compiled.result())
+            for token_id in self._pending:
+                self.accept(token_id)
+            self._pending = []
+        return self._matcher
+
+    def accept(self, token_id: int) -> None:
+        """After sampling. A finished grammar takes nothing more (a token sampled past the end, with
+        asynchronous scheduling, is dropped by the scheduler anyway)."""
+        if self._matcher is None:
+            self._pending.append(token_id)
+        elif not self._matcher.is_terminated() and not self._matcher.accept_token(token_id):
+            log.warning("grammar rejected token %d", token_id)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write this row's allowed tokens; False (row untouched) once the grammar has ended."""
+        matcher = self.matcher()
+        if matcher.is_terminated():
+            return False
+        matcher.fill_next_token_bitmask(bitmask, row)
+        return True
+
+
+class Grammars:
+    """The worker's compiler, its cache of compiled grammars and the two threads they run on."""
+
+    def __init__(self, model: str, vocab_size: int, stop_token_ids: list[int]):
+        self.model, self.vocab_size, self.stop_token_ids = model, vocab_size, list(stop_token_ids)
+        self._compile_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._compiler: Future | None = None
+        self._compiled: collections.OrderedDict[tuple[str, str], Future] = collections.OrderedDict()
+
+    def _make_compiler(self):
+        import xgrammar as xgr
+
+        from pagedserve.shared.tokenizer import load_tokenizer
+
+        info = xgr.TokenizerInfo.from_huggingface(load_tokenizer(self.model).hf, vocab_size=self.vocab_size,
+                                                  stop_token_ids=self.stop_token_ids)
+        return xgr.GrammarCompiler(info, max_threads=1)
+
+    def _compile(self, guided: GuidedDecoding):
+        return compile_guided(self._compiler.result(), guided)
+
+    def sequence(self, guided: GuidedDecoding, output_token_ids: list[int]) -> SequenceGrammar:
+        """A new sequence's grammar; compiling starts now unless this spec was compiled before."""
+        if self._compiler is None:
+            self._compiler = self._compile_thread.submit(self._make_compiler)
+        key = (guided.kind, guided.spec)
+        compiled = self._compiled.get(key)
+        if compiled is None or (compiled.done() and compiled.exception() is not None):
+            compiled = self._compiled[key] = self._compile_thread.submit(self._compile, guided)
+            while len(self._compiled) > MAX_CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
+        return SequenceGrammar(compiled, output_token_ids)
+
+    def start_masks(self, grammars: list[SequenceGrammar | None]) -> Future | None:
+        """The bitmask [rows, ceil(V/32)] int32 of a step's sampling rows (None where unconstrained),
+        filled on the mask thread; the Future gives (bitmask, constrained row indices). None: no row is."""
+        if all(g is None for g in grammars):
+            return None
+        return self._mask_thread.submit(_fill, grammars, self.vocab_size)
+
+
+def _fill(grammars: list[SequenceGrammar | None], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
+    rows = [i for i, g in enumerate(grammars) if g is not None and g.fill(bitmask, i)]
+    return bitmask, rows
+
+
+def apply_masks(logits: torch.Tensor, masks: Future | None) -> torch.Tensor:
+    """The sampler's entry: logits [N, V] float32 with every token a row's grammar forbids at -inf."""
+    if masks is None:
+        return logits
+    bitmask, rows = masks.result()
+    if rows:
+        import xgrammar as xgr
+
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1],
+                                        indices=rows)
+    return logits
