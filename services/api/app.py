@@ -69,7 +69,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
         finally:
             await loop.stop()
 
-    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.api = state
     readiness = Readiness(loop)
     app.add_middleware(ReadyGate, readiness=readiness)

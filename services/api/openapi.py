@@ -1,14 +1,19 @@
-"""The OpenAPI schema (/openapi.json) and its docs page (/docs).
+"""The OpenAPI schema (/openapi.json) and its docs page (/docs, Swagger UI from the fastapi-offline
+package's assets under /docs/assets: no CDN, so it renders on a server without internet).
 
 The routes parse their own bodies, so FastAPI cannot infer them: each route's body and responses are named here.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 
 from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -115,8 +120,11 @@ def build_schema(app: FastAPI) -> dict:
     return schema
 
 
+DOCS_ASSETS = "/docs/assets"
+
+
 def install(app: FastAPI) -> None:
-    """/openapi.json serves build_schema(), built once."""
+    """/openapi.json serves build_schema(), built once; /docs its Swagger UI from local assets."""
     cache: dict = {}
 
     def openapi() -> dict:
@@ -125,3 +133,11 @@ def install(app: FastAPI) -> None:
         return cache
 
     app.openapi = openapi
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} API",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")

@@ -23,6 +23,8 @@ from tests.waiting import stop_process
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1280,1000"]
+# no network beyond this machine: every host name fails to resolve, 127.0.0.1 still answers
+OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
 VIEWPORT = (1280, 1000)
 START_TIMEOUT_S = 60.0
 
@@ -32,11 +34,11 @@ def chromium_path() -> str | None:
 
 
 class Chromium:
-    def __init__(self, profile_dir: Path) -> None:
+    def __init__(self, profile_dir: Path, extra_flags: tuple[str, ...] = ()) -> None:
         self.profile_dir = profile_dir
         self.log_path = profile_dir.parent / f"{profile_dir.name}.log"
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([chromium_path(), *FLAGS, f"--user-data-dir={profile_dir}",
+            self.proc = subprocess.Popen([chromium_path(), *FLAGS, *extra_flags, f"--user-data-dir={profile_dir}",
                                           "--remote-debugging-port=0", "about:blank"],
                                          stdout=log, stderr=subprocess.STDOUT)
         self.next_id = 0
