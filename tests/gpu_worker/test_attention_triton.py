@@ -79,10 +79,22 @@ def write_kv_only_touches_the_new_slots(device):
     assert torch.equal(flat[0, meta.slot_mapping], k) and torch.equal(flat[1, meta.slot_mapping], v)
 
 
+def int8_pool_quantizes_on_write_and_dequantizes_in_the_kernel(device):
+    # the int8 pool (kv_quant.py): write_kv stores quantize(k), quantize(v) bit for bit, attend
+    # matches the reference reading the same rows; decodes, a chunk, a prefill, a shared prefix
+    from tests.gpu_worker.test_kv_quant import check_int8_against_reference, int8_step
+
+    for dtype, heads, kv_heads, head_dim in ((torch.float32, 4, 2, 16), (torch.bfloat16, 9, 3, 32)):
+        check_int8_against_reference(_backend(), *int8_step(
+            requests=[(1, 11), (3, 12), (1, 8), (1, 1), (5, 5), (6, 15)], block_size=4, num_heads=heads,
+            num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, shared_blocks=2, seed=16, device=device))
+
+
 CASES = {f.__name__: f for f in (mixed_batch_block_size_4_with_shared_prefix,
                                  real_model_grouping_block_size_16, pure_decodes_multi_head,
                                  one_kv_head_and_head_dim_not_a_power_of_two,
-                                 write_kv_only_touches_the_new_slots)}
+                                 write_kv_only_touches_the_new_slots,
+                                 int8_pool_quantizes_on_write_and_dequantizes_in_the_kernel)}
 
 
 def run_cases_in_interpreter() -> None:

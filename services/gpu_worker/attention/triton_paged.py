@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedserve.services.gpu_worker.attention.kv_quant import is_quantized
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 _LOG2_E = 1.4426950408889634
@@ -17,21 +18,55 @@ ROWS_PER_TILE = 64  # target rows (token x group head) of a prefill tile
 BLOCK_N = 32  # keys per inner step
 
 
+# --- int8 rows (kv_quant.py): D int8 values, then the bf16 scale's two bytes, little-endian ---
+_ROUND = 12582912.0  # 1.5 * 2**23: (x + _ROUND) - _ROUND rounds a float32 |x| < 2**22 half to even
+
+
+@triton.jit
+def _store_quantized(C, row, x, h_ok, d, HEAD_DIM: tl.constexpr):
+    """x float32 [H_PAD, D_PAD] -> int8 rows at C + row [H_PAD], as kv_quant.quantize (bit-exact)."""
+    d_ok = d < HEAD_DIM
+    absmax = tl.max(tl.where(h_ok[:, None] & d_ok, tl.abs(x), 0.0), 1)
+    scale = tl.maximum(tl.math.div_rn(absmax, tl.full(absmax.shape, 127.0, tl.float32)), 1e-30)
+    # to bfloat16 rounding to nearest even, in integers (the interpreter's cast truncates)
+    f32_bits = scale.to(tl.int32, bitcast=True)
+    bits = (f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16  # scale > 0: no sign, no overflow
+    s32 = (bits << 16).to(tl.float32, bitcast=True)
+    q = tl.math.div_rn(x, tl.broadcast_to(s32[:, None], x.shape))
+    q = tl.minimum(tl.maximum((q + _ROUND) - _ROUND, -127.0), 127.0)
+    tl.store(C + row[:, None] + d, q.to(tl.int8), mask=h_ok[:, None] & d_ok)
+    tl.store(C + row + HEAD_DIM, (bits & 0xFF).to(tl.int8), mask=h_ok)
+    tl.store(C + row + HEAD_DIM + 1, ((bits >> 8) & 0xFF).to(tl.int8), mask=h_ok)
+
+
+@triton.jit
+def _row_scales(C, at, ok, HEAD_DIM: tl.constexpr):
+    """float32 scales of the int8 rows at C + at."""
+    lo = tl.load(C + at + HEAD_DIM, mask=ok, other=0).to(tl.int32) & 0xFF
+    hi = tl.load(C + at + HEAD_DIM + 1, mask=ok, other=0).to(tl.int32) & 0xFF
+    return ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _reshape_and_cache(K, V, KC, VC, slots, stride_kt, stride_kh, stride_vt, stride_vh,
                        stride_cb, stride_cs, stride_ch, NUM_KV_HEADS: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, H_PAD: tl.constexpr,
-                       D_PAD: tl.constexpr):
+                       D_PAD: tl.constexpr, QUANT: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots + t).to(tl.int64)
     h = tl.arange(0, H_PAD)[:, None]
     d = tl.arange(0, D_PAD)[None, :]
     ok = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
-    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
+    heads = tl.arange(0, H_PAD)
+    row = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + heads * stride_ch  # [H_PAD]
     k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok)
     v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok)
-    tl.store(KC + dst, k.to(KC.dtype.element_ty), mask=ok)
-    tl.store(VC + dst, v.to(VC.dtype.element_ty), mask=ok)
+    if QUANT:
+        _store_quantized(KC, row, k.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM)
+        _store_quantized(VC, row, v.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM)
+    else:
+        tl.store(KC + row[:, None] + d, k.to(KC.dtype.element_ty), mask=ok)
+        tl.store(VC + row[:, None] + d, v.to(VC.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -39,7 +74,7 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
                      qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs,
                      stride_ch, stride_bt, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq + tile)
@@ -75,7 +110,10 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(KC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)  # [BLOCK_N, D_PAD]
         v = tl.load(VC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)
-        if UPCAST:
+        if QUANT:  # int8 rows: dequantized here, in the query's dtype for the dots
+            k = (k.to(tl.float32) * _row_scales(KC, at, n_ok, HEAD_DIM)[:, None]).to(q.dtype)
+            v = (v.to(tl.float32) * _row_scales(VC, at, n_ok, HEAD_DIM)[:, None]).to(q.dtype)
+        elif UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # log2 domain
@@ -144,19 +182,22 @@ class TritonPagedBackend:
         _check_device(kv_cache)
         key, value = _last_dim_dense(key), _last_dim_dense(value)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        head_dim = key.shape[2]
         _reshape_and_cache[(num_tokens,)](
             key, value, k_cache, v_cache, meta.slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-            H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim))
+            H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
+            QUANT=is_quantized(kv_cache))
 
     def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         _check_device(kv_cache)
         query = _last_dim_dense(query)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        head_dim = query.shape[2]
         group = query.shape[1] // num_kv_heads
         plan = self._plan
         if plan is None or plan.meta is not meta or plan.group != group:
@@ -171,5 +212,5 @@ class TritonPagedBackend:
                 GROUP=group, BLOCK_Q=launch.block_q,
                 BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), BLOCK_N=BLOCK_N,
                 BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
-                UPCAST=INTERPRETED and k_cache.dtype == torch.bfloat16)
+                UPCAST=INTERPRETED and query.dtype == torch.bfloat16, QUANT=is_quantized(kv_cache))
         return out
