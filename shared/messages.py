@@ -36,6 +36,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # n sequences from one prompt, prefilled once; the i-th gets seed + i (parallel_sampling.py)
     n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100..100)
 
 
 @dataclass

@@ -19,7 +19,8 @@ from pagedserve.services.api.admission import RequestLimits
 from pagedserve.services.api.inputs import ModelInfo, prepare
 from pagedserve.services.api.loop import ApiLoop
 from pagedserve.services.api.metrics import ApiMetrics
-from pagedserve.services.api.protocol import ApiError, parse_body
+from pagedserve.services.api.prompt_batch import PromptBatch, split_prompts
+from pagedserve.services.api.protocol import ApiError, CompletionRequest, parse_body
 from pagedserve.services.api.request import ApiRequest
 
 CLIENT_GONE = "client disconnected"
@@ -36,13 +37,20 @@ class ApiState:
     api_key: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
 
-    async def accept(self, raw: bytes | str, conn: HTTPConnection, cls=None, listen: bool = True) -> ApiRequest:
+    async def accept(self, raw: bytes | str, conn: HTTPConnection, cls=None, listen: bool = True,
+                     many: bool = False) -> ApiRequest | PromptBatch:
         """Every submitting route's edge: parse and validate once (protocol, inputs.prepare), then
         admit and submit. ApiError means nothing was submitted. `conn` gives the tenant when the
-        body names no user; listen False: nobody streams it from here (REST)."""
+        body names no user; listen False: nobody streams it from here (REST); many: a list of
+        prompts is a PromptBatch (/v1/completions)."""
         body = parse_body(raw, cls)
-        request = await asyncio.to_thread(prepare, body, self.tokenizer, self.info, self.limits,
-                                          tenant_of(conn.headers))
+        tenant = tenant_of(conn.headers)
+        parts = split_prompts(body) if many and isinstance(body, CompletionRequest) else None
+        if parts is None:
+            request = await asyncio.to_thread(prepare, body, self.tokenizer, self.info, self.limits, tenant)
+        else:
+            request = PromptBatch(await asyncio.to_thread(
+                lambda: [prepare(part, self.tokenizer, self.info, self.limits, tenant) for part in parts]))
         await request.start(self, listen)
         return request
 
@@ -66,7 +74,9 @@ def error_response(error: ApiError, metrics: ApiMetrics | None = None) -> JSONRe
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) one over `limit` bytes without reading it all."""
+    """The request body, refusing (413) one over `limit` bytes without reading it all, and (415)
+    one that is not JSON."""
+    check_content_type(request.headers)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit} bytes",
@@ -78,6 +88,17 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise ApiError(413, f"request body is over the limit of {limit} bytes", code="body_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_content_type(headers) -> None:
+    """415 unless the body is JSON (a body with no content-type header is taken as JSON)."""
+    value = headers.get("content-type")
+    if value is None:
+        return
+    media = value.split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"the body must be JSON (content-type: application/json), got {media!r}",
+                       code="unsupported_media_type", param="content-type")
 
 
 async def while_connected(receive, request: ApiRequest | None, work: Coroutine, ended: str) -> None:

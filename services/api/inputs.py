@@ -99,8 +99,6 @@ def _check_unsupported(body, max_n: int) -> None:
     if body.seed is not None and body.n > 1 and body.seed + body.n - 1 > _INT64[1]:
         raise ApiError(400, f"seed + n - 1 must fit in int64 (choice i samples with seed + i), got seed={body.seed}",
                        param="seed")
-    if body.logit_bias:
-        raise ApiError(400, "logit_bias is not supported yet", param="logit_bias", code="unsupported")
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, 1):
             raise ApiError(400, "best_of other than 1 is not supported yet", param="best_of", code="unsupported")
@@ -114,7 +112,7 @@ def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> l
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > 1:
-            raise ApiError(400, "batched prompts (a list of several prompts) are not supported yet: send one",
+            raise ApiError(400, "a list of several prompts is served on /v1/completions only: send one here",
                            param="prompt", code="unsupported")
         prompt = prompt[0]
     if isinstance(prompt, str):
@@ -189,11 +187,28 @@ def _sampling(body, max_tokens: int, logprobs: int | None, info: ModelInfo) -> S
         raise ApiError(400, f"stop_token_ids: {bad[0]} is out of range [0, {info.vocab_size})",
                        param="stop_token_ids")
     seed = None if body.seed is None else _bounded(body.seed, "seed", *_INT64)
+    logit_bias = _logit_bias(body.logit_bias, info.vocab_size)
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), top_k=top_k,
                           min_p=float(min_p), seed=seed, stop_token_ids=stop_ids, ignore_eos=body.ignore_eos,
                           logprobs=logprobs, repetition_penalty=float(repetition),
                           presence_penalty=float(penalties["presence_penalty"]),
-                          frequency_penalty=float(penalties["frequency_penalty"]), n=body.n)
+                          frequency_penalty=float(penalties["frequency_penalty"]), n=body.n,
+                          logit_bias=logit_bias)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """OpenAI's {"token id": bias}: ids in the vocabulary, biases in [-100, 100]."""
+    out = {}
+    for key, value in (bias or {}).items():
+        token_id = int(key) if key.strip().lstrip("-").isdigit() else None
+        if token_id is None or not 0 <= token_id < vocab_size:
+            raise ApiError(400, f"logit_bias: token id {key!r} is not in the vocabulary [0, {vocab_size})",
+                           param="logit_bias")
+        if not (math.isfinite(value) and -100 <= value <= 100):
+            raise ApiError(400, f"logit_bias: the bias of token {key} must be in [-100, 100], got {value}",
+                           param="logit_bias")
+        out[token_id] = float(value)
+    return out
 
 
 def _stop_strings(stop: str | list[str] | None) -> list[str]:

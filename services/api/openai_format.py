@@ -103,7 +103,7 @@ def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offs
         text = _token_text(tok, s.token_id)
         tokens.append(text)
         token_logprobs.append(s.logprob)
-        top.append({_token_text(tok, t): lp for t, lp in (s.top_logprobs or [])} if s.top_logprobs else None)
+        top.append({_token_text(tok, t): lp for t, lp in (s.top_logprobs or [])})  # logprobs 0: {}
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}

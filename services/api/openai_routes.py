@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models.
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models[/{id}].
 
 Every rejection (4xx/503) happens before a response starts, never after a 200 opened a stream.
 """
@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedserve.services.api import openai_format as fmt
 from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
-from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.services.api.openai_fields import check_fields
+from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_json_object
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.tool_stream import tool_events
 
@@ -22,10 +23,21 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
+    return {"object": "list", "data": [_model_card(state_of(request))]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> dict:
     state = state_of(request)
-    card = {"id": state.info.served_name, "object": "model", "created": state.started, "owned_by": "pagedserve",
+    if not state.info.accepts(model_id):
+        raise ApiError(404, f"the model '{model_id}' does not exist (this server serves '{state.info.served_name}')",
+                       code="model_not_found", param="model")
+    return _model_card(state)
+
+
+def _model_card(state) -> dict:
+    return {"id": state.info.served_name, "object": "model", "created": state.started, "owned_by": "pagedserve",
             "root": state.info.served_name, "parent": None, "max_model_len": state.info.max_model_len}
-    return {"object": "list", "data": [card]}
 
 
 @router.post("/v1/completions")
@@ -40,7 +52,9 @@ async def chat_completions(request: Request) -> Response:
 
 async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
-    api_request = await state.accept(await read_body(request, state.max_body_bytes), request, cls)
+    raw = await read_body(request, state.max_body_bytes)
+    check_fields(parse_json_object(raw), cls)
+    api_request = await state.accept(raw, request, cls, many=cls is CompletionRequest)
     if api_request.stream:
         events = tool_events(api_request) if api_request.tool_use else _sse_events(api_request)
         return GenerationStream(api_request, events)

@@ -95,28 +95,8 @@ class ApiRequest:
             while (out := await gen.next()) is not None:
                 yield 0, out
             return
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(index: int, gen: Generation) -> None:
-            try:
-                while (out := await gen.next()) is not None:
-                    await merged.put((index, out))
-            finally:
-                await merged.put((index, None))
-
-        tasks = [asyncio.create_task(pump(i, gen)) for i, gen in enumerate(self.gens)]
-        try:
-            num_running = len(tasks)
-            while num_running:
-                index, out = await merged.get()
-                if out is None:
-                    num_running -= 1
-                else:
-                    yield index, out
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async for item in merge([_indexed(i, gen) for i, gen in enumerate(self.gens)]):
+            yield item
 
     def close(self, reason: str) -> None:
         """Abort every sequence not finished yet."""
@@ -129,7 +109,37 @@ class ApiRequest:
         completion = sum(len(gen.token_ids) for gen in self.gens)
         usage = {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion,
                  "total_tokens": first["prompt_tokens"] + completion}
-        cached = max(gen.num_cached_tokens for gen in self.gens)
-        if cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        usage["prompt_tokens_details"] = {"cached_tokens": max(gen.num_cached_tokens for gen in self.gens)}
         return usage
+
+
+async def _indexed(index: int, gen: Generation) -> AsyncIterator[tuple[int, Output]]:
+    while (out := await gen.next()) is not None:
+        yield index, out
+
+
+async def merge(sources: list[AsyncIterator]) -> AsyncIterator:
+    """The items of several async iterators as they come, until all end (each drained by its own task)."""
+    merged: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(source: AsyncIterator) -> None:
+        try:
+            async for item in source:
+                await merged.put(item)
+        finally:
+            await merged.put(done)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    try:
+        num_running = len(tasks)
+        while num_running:
+            item = await merged.get()
+            if item is done:
+                num_running -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -40,7 +40,7 @@ BAD_BODIES = [
     ({"prompt": []}, 400, "empty_prompt"),
     ({"prompt": [1, 2, 999999]}, 400, None),
     ({"prompt": [-1]}, 400, None),
-    ({"prompt": ["a", "b"]}, 400, "unsupported"),
+    ({"prompt": ["a", [999999]]}, 400, None),  # a list: one prompt per request here, a bad id on /v1/completions
     ({"prompt": "hi", "max_tokens": 0}, 400, None),
     ({"prompt": "hi", "max_tokens": -3}, 400, None),
     ({"prompt": "hi", "max_tokens": 8192}, 400, "context_length_exceeded"),
@@ -62,7 +62,10 @@ BAD_BODIES = [
     ({"prompt": "hi", "stop_token_ids": [49152]}, 400, None),
     ({"prompt": "hi", "stop": [1, 2]}, 400, "invalid_type"),
     ({"prompt": "hi", "seed": 2**70}, 400, None),
-    ({"prompt": "hi", "logit_bias": {"5": 1.0}}, 400, "unsupported"),
+    ({"prompt": "hi", "logit_bias": {"49152": 1.0}}, 400, None),
+    ({"prompt": "hi", "logit_bias": {"dog": 1.0}}, 400, None),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, 400, None),
+    ({"prompt": "hi", "logit_bias": {"5": "up"}}, 400, "invalid_type"),
     ({"prompt": "hi", "cache_salt": 7}, 400, "invalid_type"),
     ({"prompt": "hi", "cache_salt": ["a"]}, 400, "invalid_type"),
     ({"prompt": "hi", "cache_salt": ""}, 400, None),
@@ -107,8 +110,10 @@ def test_completion_fields_map_to_sampling_params(tokenizer):
                              "logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
                              "repetition_penalty": 1.2, "priority": -3, "user": "alice",
                              "model": "SmolLM2-135M-Instruct",
-                             "stream": True, "stream_options": {"include_usage": True}})
+                             "stream": True, "stream_options": {"include_usage": True},
+                             "logit_bias": {"7": -100, "11": 2.5}})
     s = p.sampling
+    assert s.logit_bias == {7: -100.0, 11: 2.5}
     assert p.prompt_token_ids == [1, 2, 3] and p.stop == ["END"] and p.priority == -3 and p.tenant == "alice"
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (7, 0.0, 0.5, 0, 0.1, 42)
     assert s.stop_token_ids == [2] and s.ignore_eos and s.logprobs == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.sampling.logit_bias import apply_logit_bias
 from pagedserve.services.gpu_worker.sampling.noise import exponential_noise, random_keys, seeded_key
 from pagedserve.services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
 from pagedserve.shared.messages import SampledToken, SamplingParams
@@ -47,7 +48,8 @@ def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]
 
 
 def plain_greedy(params: list[SamplingParams]) -> bool:
-    return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) for p in params)
+    return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) and not p.logit_bias
+               for p in params)
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
@@ -61,8 +63,8 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
            token_ids: list[list[int]], num_prompt_tokens: list[int]) -> list[SampledToken]:
-    """logits [N, V] float32 -> a SampledToken per row; logprobs are before penalties and temperature."""
-    processed = apply_penalties(logits, params, token_ids, num_prompt_tokens)
+    """logits [N, V] float32 -> a SampledToken per row; logprobs are before penalties, logit_bias and temperature."""
+    processed = apply_logit_bias(apply_penalties(logits, params, token_ids, num_prompt_tokens), params)
     greedy = torch.tensor([p.temperature <= 0.0 for p in params], device=logits.device)
     # max(dim).indices is argmax (first index of the maximum), cheaper on the CPU
     token_ids_out = processed.max(dim=1).indices
