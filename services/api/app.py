@@ -95,7 +95,8 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(await loop.read_stats()), media_type=CONTENT_TYPE_LATEST)
+        stats = await loop.read_stats(("scheduler", "kvstore", "launcher"))
+        return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

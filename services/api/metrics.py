@@ -1,14 +1,16 @@
 """Prometheus metrics under the `pagedserve:` prefix, with vLLM's meanings.
 
-Engine numbers come from the stats blobs at scrape time, latencies from this api. Per-worker
-series (label worker="<id>") sit beside the unlabelled total: sum one or the other, never both.
+Engine numbers come from the stats blobs at scrape time, latencies from this api. Every engine
+series carries a `worker` label and no family holds a total beside its parts, so `sum()` over a
+family is the stack's total: worker="<id>" per worker, worker="departed" for what workers that
+left counted, worker="unplaced" for waiting requests not yet given a worker, worker="all" where
+the blobs keep no per-worker value. kv_cache_usage_perc is a ratio: avg() or max() it.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.samples import Sample
 
 PREFIX = "pagedserve:"
 disable_created_metrics()  # no *_created series: they only add noise to every scrape
@@ -36,18 +38,21 @@ class StatsCollector:
         kv = self.snapshot.get("kvstore", {})
         sched_workers, kv_workers = _workers(sched), _workers(kv)
         yield _per_worker(GaugeMetricFamily(PREFIX + "num_requests_running", "Requests running (prefill or decode).",
-                                            value=_number(sched, "num_requests_running")),
-                          sched_workers, lambda w: _number(w, "num_requests_running"))
+                                            labels=["worker"]),
+                          _number(sched, "num_requests_running"), sched_workers, "num_requests_running")
         yield _per_worker(GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.",
-                                            value=_number(sched, "num_requests_waiting")),
-                          sched_workers, lambda w: _number(w, "num_requests_waiting"))
-        yield _per_worker(GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
-                                            "KV cache usage: fraction of blocks held by requests (1 = full, 0 idle).",
-                                            value=kv_usage(kv)), kv_workers, kv_usage)
-        yield GaugeMetricFamily(PREFIX + "kv_cache_cached_free_blocks",
-                                "Blocks nobody holds that still cache a prefix (evicted least recently freed first).",
-                                value=_number(kv, "num_cached_free_blocks"))
-        counters = (
+                                            labels=["worker"]),
+                          _number(sched, "num_requests_waiting"), sched_workers, "num_requests_waiting", "unplaced")
+        usage = GaugeMetricFamily(PREFIX + "kv_cache_usage_perc",
+                                  "KV cache usage: fraction of blocks held by requests (1 = full, 0 idle).",
+                                  labels=["worker"])
+        for worker_id, blob in sorted(kv_workers.items()) or [("all", kv)]:
+            usage.add_metric([worker_id], kv_usage(blob))
+        yield usage
+        yield _per_worker(GaugeMetricFamily(PREFIX + "kv_cache_cached_free_blocks", "Blocks nobody holds that still "
+                                            "cache a prefix (evicted least recently freed first).", labels=["worker"]),
+                          _number(kv, "num_cached_free_blocks"), kv_workers, "num_cached_free_blocks")
+        counters = (  # name, doc, blob, key in the blob and in its per-worker blobs
             ("prefix_cache_queries", "Prefix cache queries, in tokens.", kv, "prefix_cache_queries"),
             ("prefix_cache_hits", "Prefix cache hits, in tokens.", kv, "prefix_cache_hits"),
             ("prompt_tokens", "Prompt tokens processed.", sched, "prompt_tokens_total"),
@@ -60,11 +65,16 @@ class StatsCollector:
             ("generation_tokens", "Generation tokens produced.", sched, "generation_tokens_total"),
             ("num_preemptions", "Cumulative preemptions.", sched, "num_preemptions_total"),
         )
-        per_worker = {"prefix_cache_queries": kv_workers, "prefix_cache_hits": kv_workers,
-                      "generation_tokens": sched_workers}
         for name, doc, blob, key in counters:
-            family = CounterMetricFamily(PREFIX + name, doc, value=_number(blob, key))
-            yield _per_worker(family, per_worker.get(name, {}), lambda w, key=key: _number(w, key))
+            workers = sched_workers if blob is sched else kv_workers
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["worker"])
+            yield _per_worker(family, _number(blob, key), workers, key, "departed")
+        restarts = self.snapshot.get("launcher", {}).get("restarts", {})  # only under `pagedserve up`
+        family = CounterMetricFamily(PREFIX + "service_restarts", "Children restarted by `pagedserve up`.",
+                                     labels=["service"])
+        for service, count in sorted(restarts.items() if isinstance(restarts, dict) else ()):
+            family.add_metric([str(service)], float(count) if isinstance(count, int) else 0.0)
+        yield family
 
 
 def _workers(blob: dict) -> dict[str, dict]:
@@ -72,11 +82,19 @@ def _workers(blob: dict) -> dict[str, dict]:
     return {str(k): v for k, v in workers.items() if isinstance(v, dict)} if isinstance(workers, dict) else {}
 
 
-def _per_worker(family, workers: dict[str, dict], value_of):
-    """family plus one sample labelled worker="<id>" per worker (beside its unlabelled total)."""
-    name = family.name + ("_total" if family.type == "counter" else "")
-    for worker_id, blob in sorted(workers.items()):
-        family.samples.append(Sample(name, {"worker": worker_id}, value_of(blob)))
+def _per_worker(family, total: float, workers: dict[str, dict], key: str, rest: str | None = None):
+    """family with one sample per worker that reports `key` (worker="<id>"), and `rest` for the
+    part of `total` no worker's sample holds, when positive; worker="all" with the total where no
+    worker reports `key`. Its samples add up to `total`."""
+    parts = {worker_id: _number(blob, key) for worker_id, blob in sorted(workers.items()) if key in blob}
+    if not parts:
+        family.add_metric(["all"], total)
+        return family
+    for worker_id, value in parts.items():
+        family.add_metric([worker_id], value)
+    remainder = total - sum(parts.values())
+    if rest is not None and remainder > 0:
+        family.add_metric([rest], remainder)
     return family
 
 

@@ -1,5 +1,6 @@
 """Child processes for `pagedserve up`, each in its own process group (Ctrl-C reaches only the
 supervisor, which stops them in order) with PR_SET_PDEATHSIG; output forwarded with a name tag.
+A child that dies is restarted with backoff (restart_policy); one that keeps crashing is given up.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from pagedserve.services.launcher.restart_policy import RestartPolicy
 
 log = logging.getLogger("pagedserve.up")
 
 TAIL_LINES = 40
+PUBLISH_EVERY_S = 10.0  # restart counts rewritten this often (a restarted Redis has lost them)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -89,10 +93,45 @@ class Child:
 
 
 class Supervisor:
-    """Children started in order and stopped in reverse order."""
+    """Children started in order and stopped in reverse order; heal() restarts the dead ones.
+    `publish` receives {name: restarts so far} after each restart and every PUBLISH_EVERY_S."""
 
-    def __init__(self) -> None:
+    def __init__(self, publish: Callable[[dict[str, int]], None] | None = None,
+                 policy: Callable[[], RestartPolicy] = RestartPolicy) -> None:
         self.children: list[Child] = []
+        self.publish, self.policy = publish, policy
+        self.restarts: dict[str, int] = {}
+        self._policies: dict[str, RestartPolicy] = {}
+        self._due: dict[str, float] = {}  # name of a dead child -> when it restarts (monotonic)
+        self._published_at = -PUBLISH_EVERY_S
+
+    def heal(self, now: float | None = None) -> Child | None:
+        """Restart each dead child once its backoff is over; the child that keeps crashing, if any
+        (left dead: the caller stops the rest and shows its last lines)."""
+        now = time.monotonic() if now is None else now
+        changed = False
+        for child in self.children:
+            if child.returncode() is None:
+                continue
+            if child.name not in self._due:
+                delay = self._policies.setdefault(child.name, self.policy()).on_death(now)
+                if delay is None:
+                    log.error("%s keeps crashing (exit %s, %d deaths within %.0f s): giving up", child.name,
+                              child.returncode(), self._policies[child.name].recent_deaths,
+                              self._policies[child.name].window_s)
+                    return child
+                self._due[child.name] = now + delay
+                log.warning("%s exited with %s: restarting it in %.1f s", child.name, child.returncode(), delay)
+            elif now >= self._due[child.name]:
+                del self._due[child.name]
+                child.start()
+                self.restarts[child.name] = self.restarts.get(child.name, 0) + 1
+                log.warning("restarted %s (restart %d)", child.name, self.restarts[child.name])
+                changed = True
+        if self.publish is not None and (changed or now - self._published_at >= PUBLISH_EVERY_S):
+            self._published_at = now
+            self.publish({c.name: self.restarts.get(c.name, 0) for c in self.children})
+        return None
 
     def start(self, child: Child) -> Child:
         child.start()

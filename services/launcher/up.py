@@ -1,7 +1,8 @@
 """`pagedserve up`: the whole stack on one machine, each service a child in its own process group.
 
-Ready when the api's /ready is 200; a child that dies (or no readiness in time) stops the
-rest and exits 1 with its last log lines; the embedded Redis, if any, stops last.
+Ready when the api's /ready is 200; a child that dies before (or no readiness in time) stops the
+rest and exits 1 with its last log lines. Once ready, a child that dies is restarted with backoff,
+and one that keeps crashing stops the rest the same way; the embedded Redis, if any, stops last.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 from pagedserve.services.gpu_worker.startup import last_phase
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from pagedserve.services.launcher.restart_stats import RestartStats
 from pagedserve.services.launcher.supervisor import Child, Supervisor
 from pagedserve.shared.config import (
     DEFAULT_KV_OFFLOAD_MEMORY,
@@ -214,9 +216,9 @@ def workers_doing(sup: Supervisor) -> str:
     return "; ".join(f"{name}: {phase}" for name, phase in doing if phase)
 
 
-def report_failure(sup: Supervisor, why: str) -> None:
+def report_failure(sup: Supervisor, why: str, dead: Child | None = None) -> None:
     log.error("pagedserve up failed: %s", why)
-    dead = sup.first_dead()
+    dead = dead or sup.first_dead()
     suspects = [dead] if dead is not None else [c for c in sup.children if c.name != "redis"]
     for child in suspects:
         lines = child.tail(20)
@@ -283,15 +285,10 @@ def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis
     wildcard = " (listening on every interface)" if args.host in ("0.0.0.0", "", "::") else ""
     print(f"pagedserve ready at {base_url}{wildcard}", flush=True)
     print(f"  dashboard {base_url}/dashboard, API docs {base_url}/docs, metrics {base_url}/metrics", flush=True)
-    lost: set[str] = set()  # workers gone while others serve on (their requests moved)
+    sup.publish = RestartStats(redis_url, args.prefix)  # restarts counted in the api's /metrics
     while not stop.wait(0.5):
-        dead = [c for c in sup.children if c.returncode() is not None and c.name not in lost]
-        workers = [c for c in sup.children if c.name.startswith("worker")]
-        for child in dead:
-            if child.name.startswith("worker") and any(w.returncode() is None for w in workers):
-                log.warning("%s exited with %s: the other workers serve on", child.name, child.returncode())
-                lost.add(child.name)
-            else:
-                report_failure(sup, f"{child.name} exited with {child.returncode()}")
-                return 1
+        crashing = sup.heal()  # a dead child is restarted; its requests go on (they recompute)
+        if crashing is not None:
+            report_failure(sup, f"{crashing.name} keeps crashing (last exit {crashing.returncode()})", crashing)
+            return 1
     return 0
