@@ -210,7 +210,11 @@ class Scheduler:
         for request, candidate in pending.candidates:
             result = results[candidate.request_id]
             if result.status == ALLOC_OK and candidate.is_waiting:
+                resumed = request.status is RequestStatus.PREEMPTED
                 request.admit(result.num_cached_tokens)
+                if resumed:
+                    self._counters.num_resumed_total += 1
+                    self._counters.num_resumed_recomputed_tokens_total += request.num_tokens - request.num_computed_tokens
                 self._counters.num_cached_tokens_total += request.num_computed_tokens
                 num_scheduled = min(candidate.num_new_tokens,
                                     request.num_tokens_to_compute - request.num_computed_tokens)
@@ -254,6 +258,8 @@ class Scheduler:
         if not self._in_flight or result.step_id != self._in_flight[0].step_id:
             raise RuntimeError(f"unexpected step result for step {result.step_id}")
         sampled = self._in_flight[0].sampled_tokens(result)
+        self._counters.num_tier_loaded_blocks_total += result.num_tier_loaded_blocks
+        self._counters.num_tier_missed_blocks_total += result.num_tier_missed_blocks
         in_flight = self._in_flight.popleft()
         deltas, self._abort_deltas = self._abort_deltas, []
         finished: list[Request] = []

@@ -15,6 +15,10 @@ class SchedulerStats:
     num_cached_tokens_total: int
     num_generation_tokens_total: int
     num_finished_total: int
+    num_resumed_total: int = 0  # preempted or moved requests admitted again
+    num_resumed_recomputed_tokens_total: int = 0  # of their known tokens, those neither pool nor tier had
+    num_tier_loaded_blocks_total: int = 0  # blocks the worker loaded from the offload tier
+    num_tier_missed_blocks_total: int = 0  # planned loads it could not make: computed instead
 
 
 @dataclass
@@ -27,6 +31,10 @@ class SchedulerCounters:
     num_cached_tokens_total: int = 0
     num_generation_tokens_total: int = 0
     num_finished_total: int = 0
+    num_resumed_total: int = 0
+    num_resumed_recomputed_tokens_total: int = 0
+    num_tier_loaded_blocks_total: int = 0
+    num_tier_missed_blocks_total: int = 0
 
     def count_computed(self, request, num_scheduled: int) -> None:
         start = request.num_computed_tokens
@@ -43,4 +51,8 @@ class SchedulerCounters:
             num_cached_tokens_total=self.num_cached_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             num_finished_total=self.num_finished_total,
+            num_resumed_total=self.num_resumed_total,
+            num_resumed_recomputed_tokens_total=self.num_resumed_recomputed_tokens_total,
+            num_tier_loaded_blocks_total=self.num_tier_loaded_blocks_total,
+            num_tier_missed_blocks_total=self.num_tier_missed_blocks_total,
         )

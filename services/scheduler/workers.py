@@ -23,7 +23,8 @@ from pagedserve.shared.parallel_sampling import child_request_ids
 log = logging.getLogger("pagedserve.scheduler")
 
 COUNTERS = ("num_preemptions_total", "num_prompt_tokens_total", "num_computed_prompt_tokens_total",
-            "num_cached_tokens_total", "num_generation_tokens_total", "num_finished_total")
+            "num_cached_tokens_total", "num_generation_tokens_total", "num_finished_total", "num_resumed_total",
+            "num_resumed_recomputed_tokens_total", "num_tier_loaded_blocks_total", "num_tier_missed_blocks_total")
 
 
 @dataclass
@@ -186,4 +187,5 @@ class WorkerTable:
                 "prompt_tokens_computed_total": totals["num_computed_prompt_tokens_total"],
                 "generation_tokens_total": totals["num_generation_tokens_total"],
                 "num_finished_total": totals["num_finished_total"], "router": self.router.mode,
+                **{key: totals[key] for key in COUNTERS[6:]},
                 "workers": workers, "admission": admission_table(template.policy, queue)}

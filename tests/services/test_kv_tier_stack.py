@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import SamplingParams
 from tests.services.conftest import TestApi, start_backend, wait_for
 
@@ -31,6 +32,12 @@ def small_pool_stack(tmp_path_factory):
 def run(api: TestApi, tokens: list[int]) -> list[int]:
     (out,) = api.wait_finished([api.submit(tokens, GREEDY)], timeout=180)
     return out.token_ids
+
+
+def num_stored(stack, tokens: list[int]) -> int:
+    """How many of the prompt's full blocks the tier holds in Redis."""
+    hashes = hash_full_blocks(tokens, BLOCK, root_hash(("smollm2",)))
+    return sum(bool(stack.redis.keys(f"{stack.keys.prefix}:kvtier:*:{h.hex()}")) for h in hashes)
 
 
 def tier_hits(stack) -> int:
@@ -63,11 +70,30 @@ def test_a_restarted_worker_serves_the_prefix_its_predecessor_computed(small_poo
     api = TestApi(stack)
     tokens = prompt(3, 90)
     computed = run(api, tokens)
-    wait_for(lambda: tier_hits(stack) >= 0 and (stack.stats("kvstore") or {}).get("tier_num_blocks", 0) >= 5 + 6,
-             30, "the prompt's blocks in the tier")
+    wait_for(lambda: num_stored(stack, tokens) == 5, 30, "the prompt's 5 full blocks written to the tier")
     stack.kill("worker")
     stack.start("worker")
     before = tier_hits(stack)
     assert run(api, tokens) == computed
     assert stack.wait_kvstore_clean()["prefix_cache_tier_hits"] - before == 5 * BLOCK
+    api.close()
+
+
+@pytest.mark.parametrize("service", ["scheduler", "kvstore"])
+def test_a_prefix_stays_cached_across_a_restart_of(small_pool_stack, service):
+    """The scheduler's restart resets every pool (its blocks are forgotten), the kvstore's loses the
+    index: the tier's contents stay in Redis and are found again."""
+    stack = small_pool_stack
+    api = TestApi(stack)
+    tokens = prompt(4 if service == "scheduler" else 5, 85)
+    computed = run(api, tokens)
+    wait_for(lambda: num_stored(stack, tokens) == 5, 30, "the prompt's 5 full blocks written to the tier")
+    stack.kill(service)
+    stack.start(service)
+    before = stack.wait_kvstore_clean()
+    assert run(api, tokens) == computed
+    after = stack.wait_kvstore_clean()
+    assert after["prefix_cache_hits"] - (before["prefix_cache_hits"] if service == "scheduler" else 0) == 5 * BLOCK
+    assert after["prefix_cache_tier_hits"] - (before["prefix_cache_tier_hits"] if service == "scheduler" else 0) \
+        == 5 * BLOCK
     api.close()
