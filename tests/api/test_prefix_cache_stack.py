@@ -13,6 +13,7 @@ import pytest
 
 from pagedserve.shared.messages import SamplingParams
 from tests.api.conftest import API_KEY
+from tests.api.test_stack import family_sums
 from tests.services.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -70,8 +71,7 @@ def test_the_admin_reset_empties_the_prefix_cache(stack_api, oai, backend):
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "reset" and r.json()["num_cached_blocks"] == 0
         metrics = client.get("/metrics").text
-    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
-              if line.startswith("pagedserve:") and len(line.split()) == 2}
+    values = family_sums(metrics)
     assert values["pagedserve:prefix_cache_resets_total"] >= 1
     assert values["pagedserve:prefix_cache_queries_total"] >= values["pagedserve:prefix_cache_hits_total"] > 0
     assert values["pagedserve:kv_cache_cached_free_blocks"] == 0

@@ -221,10 +221,19 @@ def test_leaving_while_queued_frees_everything(stack_api, backend, tokenizer):
     _wait_clean(backend)
 
 
+def family_sums(text: str) -> dict[str, float]:
+    """Each series name (labels dropped) -> the sum of its samples: every engine series is per worker."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("pagedserve:"):
+            series, value = line.rsplit(" ", 1)
+            values[series.split("{")[0]] = values.get(series.split("{")[0], 0.0) + float(value)
+    return values
+
+
 def test_metrics_after_traffic(stack_api):
     text = httpx.get(stack_api.base_url + "/metrics").text
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line.startswith("pagedserve:") and "{" not in line}
+    values = family_sums(text)
     assert values["pagedserve:time_to_first_token_seconds_count"] > 0
     assert values["pagedserve:e2e_request_latency_seconds_count"] > 0
     assert values["pagedserve:generation_tokens_total"] > 0 and values["pagedserve:prompt_tokens_total"] > 0
