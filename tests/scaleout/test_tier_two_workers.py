@@ -1,13 +1,18 @@
 """`pagedserve up --workers 2 --router round-robin` with the offload tier, end to end (float32):
 a 2,000-token prefix computed on one worker is loaded, not computed, by the other, which
 reports cached_tokens of at least 1,984 (every full block but the one holding the last token)
-and gives the same greedy text."""
+and gives the same greedy text; after a kill -9 of a worker mid-generation, its requests resume
+elsewhere from their blocks in the tier (at most the last partial block computed again) with
+the text of a fault-free run."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgpack
@@ -43,7 +48,7 @@ def up(tmp_path_factory):
     try:
         wait_for(ready, START_TIMEOUT_S + 30, "pagedserve up --workers 2 to be ready")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600.0) as client:
-            yield client, Keys(prefix)
+            yield client, Keys(prefix), log_path
     finally:
         stop_process(proc, 60, signal.SIGINT)
         log.close()
@@ -51,7 +56,7 @@ def up(tmp_path_factory):
 
 
 def test_the_second_worker_loads_the_prefix_the_first_computed(up):
-    client, keys = up
+    client, keys, _log = up
     prompt = [100 + (i * 104729) % 30000 for i in range(PREFIX_TOKENS)]
     bodies = [client.post("/v1/completions", json={"model": "smollm2", "prompt": prompt, "max_tokens": 8,
                                                    "temperature": 0}) for _ in range(2)]
@@ -60,10 +65,56 @@ def test_the_second_worker_loads_the_prefix_the_first_computed(up):
     cached = [(b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for b in (first, second)]
     assert cached[0] == 0 and cached[1] >= PREFIX_TOKENS - 16
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
-    r = redis.Redis.from_url(REDIS_URL)
-    scheduler = msgpack.unpackb(r.get(keys.stats("scheduler")), raw=False)
-    kvstore = msgpack.unpackb(r.get(keys.stats("kvstore")), raw=False)
-    r.close()
+    scheduler, kvstore = stats(keys, "scheduler"), stats(keys, "kvstore")
     computed = sorted(w["prompt_tokens_computed_total"] for w in scheduler["workers"].values())
     assert computed == [PREFIX_TOKENS - cached[1], PREFIX_TOKENS]  # round robin: one worker each
     assert kvstore["prefix_cache_tier_hits"] == cached[1]
+
+
+def stats(keys: Keys, service: str) -> dict:
+    r = redis.Redis.from_url(REDIS_URL)
+    data = r.get(keys.stats(service))
+    r.close()
+    return msgpack.unpackb(data, raw=False) if data is not None else {}
+
+
+def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
+    client, keys, log_path = up
+    prompts = [[100 + (i * 7919 + j * 104729) % 30000 for j in range(300)] for i in range(4)]
+
+    def run_all(salt: str) -> list[list[int]]:
+        def one(tokens):
+            r = client.post("/v1/completions", json={"model": "smollm2", "prompt": tokens, "max_tokens": 48,
+                                                     "temperature": 0, "ignore_eos": True, "cache_salt": salt})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, prompts))
+
+    reference = run_all("reference")  # another salt: nothing of it is the faulted run's cache
+    before = stats(keys, "scheduler")
+    pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"started (worker\d) \(pid (\d+)\)",
+                                                               log_path.read_text(errors="replace"))}
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run_all, "faulted")
+
+        def all_generating():  # 4 x 16 tokens in: each request is past its prompt, far from its end
+            now = stats(keys, "scheduler")
+            busy = [w for w in now.get("workers", {}).values() if w["num_requests_running"] > 0]
+            return len(busy) == 2 and now["generation_tokens_total"] >= before["generation_tokens_total"] + 64
+
+        wait_for(all_generating, 300, "both workers to be generating")
+        os.kill(pids[sorted(pids)[0]], signal.SIGKILL)
+        texts = future.result(timeout=600)
+    assert texts == reference
+    after = stats(keys, "scheduler")
+    resumed = after["num_resumed_total"] - before["num_resumed_total"]
+    recomputed = after["num_resumed_recomputed_tokens_total"] - before["num_resumed_recomputed_tokens_total"]
+    assert resumed >= 1 and recomputed <= 16 * resumed, (resumed, recomputed)
+
+    def clean():
+        kv = stats(keys, "kvstore")
+        return kv if kv.get("num_held_blocks") == 0 and kv.get("integrity_ok") else None
+
+    wait_for(clean, 120, "the kvstore to hold no block")
