@@ -120,3 +120,18 @@ def test_replies_carry_the_tiers_events_and_a_reset_the_whole_tier():
     assert (b.tier_blocks_stored, b.tier_blocks_removed) == (hashes(other)[0][:8], h[0][:8])
     reset = checked(pools, alloc("w1", 4, reset=True))
     assert reset.tier_blocks_whole and reset.tier_blocks_stored == h[1][:8] + hashes(other)[0][:8]
+
+
+def test_a_preempted_request_whose_blocks_left_the_pool_resumes_from_the_tier():
+    pools = WorkerPools(enable_prefix_caching=True, watermark=0.0, tier_capacity_bytes=16 * BLOCK_BYTES)
+    pools.join(WorkerHello("w1", 4, 4, "m", 64, kv_tier_namespace="ns", kv_block_bytes=BLOCK_BYTES))
+    pools.apply(alloc("w1", 1, reset=True))
+    a_tokens, c_tokens = list(range(1, 9)), list(range(20, 28))  # 2 full blocks each: the whole pool
+    checked(pools, alloc("w1", 2, admit("a", a_tokens), admit("c", c_tokens)))
+    grow = checked(pools, alloc("w1", 3, AllocCandidate("c", 1, 9), AllocCandidate("a", 1, 9)))
+    assert [r.status for r in grow.results] == ["ok", "preempted"]  # c's new block takes a's
+    checked(pools, alloc("w1", 4, admit("d", list(range(40, 56))), free=["c"]))  # d's 4 blocks evict a's
+    resume = checked(pools, alloc("w1", 5, admit("a", a_tokens + [99]), free=["d"]))
+    result = resume.results[0]
+    # 9 known tokens: both full blocks come from the tier, only the partial one is computed
+    assert (result.status, result.num_cached_tokens, result.tier_loads) == ("ok", 8, list(enumerate(hashes(a_tokens))))
