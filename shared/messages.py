@@ -37,6 +37,7 @@ class SamplingParams:
     # n sequences from one prompt, prefilled once; the i-th gets seed + i (parallel_sampling.py)
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100..100)
+    prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with this many top ones; None: none
 
 
 @dataclass
@@ -170,6 +171,16 @@ class SampledToken:
 
 
 @dataclass
+class PromptLogprobs:
+    """The logprobs of prompt tokens first .. first + len(tokens) - 1 (token 0 has none), from one
+    prefill chunk; a recomputed chunk sends them again (the api keeps the first)."""
+
+    request_id: str
+    first: int
+    tokens: list[SampledToken] = field(default_factory=list)
+
+
+@dataclass
 class StepResult:
     """One per step: a token for each request that reached the end of its known tokens."""
 
@@ -178,6 +189,7 @@ class StepResult:
     worker_id: str = ""  # who ran it: the results stream is shared by every worker
     num_tier_loaded_blocks: int = 0  # loaded from the offload tier for this step
     num_tier_missed_blocks: int = 0  # planned loads the tier could not give: computed instead
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
 
 
 @dataclass
@@ -189,6 +201,7 @@ class RequestDelta:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[SampledToken] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None  # passed on from the worker as it computed them
 
 
 @dataclass

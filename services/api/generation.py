@@ -52,6 +52,7 @@ class Generation:
         self.why: str | None = None  # what ended it, for logs and callers ("client disconnected", ...)
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_cached_tokens = 0
+        self.prompt_logprobs: dict[int, SampledToken] = {}  # prompt index -> its logprob (from 1), as computed
         self._detok = Detokenizer(tokenizer, request.prompt_token_ids, request.stop)
         self.outputs: asyncio.Queue | None = asyncio.Queue() if listen else None  # None: nobody listens here
         self._arrival = time.monotonic()
@@ -109,6 +110,12 @@ class Generation:
 
     def apply(self, delta: RequestDelta) -> Output | None:
         """The Output of a delta (None: it repeats what was applied already)."""
+        if delta.prompt_logprobs is not None:
+            first = delta.prompt_logprobs.first
+            for i, token in enumerate(delta.prompt_logprobs.tokens):
+                self.prompt_logprobs.setdefault(first + i, token)  # a recomputed chunk repeats them
+            if not delta.new_token_ids and delta.finish_reason is None:
+                return None
         now = time.monotonic()
         if delta.num_prompt_tokens:
             self.num_prompt_tokens = delta.num_prompt_tokens

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from pagedserve.services.api.admission import RequestLimits, check_limits
+from pagedserve.services.api.echo import isolated_salt, prompt_echo
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.structured_outputs import guided_decoding
@@ -64,9 +65,11 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         logprobs = _bounded(body.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
     if not prompt_ids:
         raise ApiError(400, "the prompt is empty", code="empty_prompt", param="prompt")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-    max_tokens = default_max if max_tokens is None else max_tokens
+    prompt = prompt_echo(body, prompt_ids, logprobs, tokenizer)
+    if max_tokens is not None and max_tokens < 1 and not (prompt and prompt.drop_output):
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens} (0 only with echo)",
+                       param="max_tokens")
+    max_tokens = default_max if max_tokens is None else max(max_tokens, 1)  # echo's 0: one sampled, dropped
     prompt_field = "messages" if kind == "chat" else "prompt"
     if len(prompt_ids) >= info.max_model_len:
         raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the {prompt_field} "
@@ -80,11 +83,13 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     stop, priority, cache_salt = _stop_strings(body.stop), _bounded(body.priority, "priority", *_INT64), \
         _cache_salt(body.cache_salt)
     check_limits(limits, len(prompt_ids), max_tokens, prompt_field)
+    if prompt is not None and prompt.num_top is not None:
+        sampling.prompt_logprobs, cache_salt = prompt.num_top, isolated_salt(cache_salt)
     options = body.stream_options
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     return ApiRequest(kind=kind, model=info.served_name, request_id=request_id, prompt_token_ids=prompt_ids,
                       sampling=sampling, stop=stop, priority=priority, tenant=body.user if body.user is not None else tenant,
-                      cache_salt=cache_salt, stream=body.stream, tool_use=tools,
+                      cache_salt=cache_salt, stream=body.stream, tool_use=tools, prompt=prompt,
                       include_usage=bool(options and options.include_usage),
                       continuous_usage=bool(options and options.continuous_usage_stats))
 
@@ -102,8 +107,6 @@ def _check_unsupported(body, max_n: int) -> None:
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, 1):
             raise ApiError(400, "best_of other than 1 is not supported yet", param="best_of", code="unsupported")
-        if body.echo:
-            raise ApiError(400, "echo is not supported yet", param="echo", code="unsupported")
         if body.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix", code="unsupported")
 

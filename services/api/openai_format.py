@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from pagedserve.services.api.echo import echoed_logprobs, vllm_prompt_logprobs
 from pagedserve.services.api.generation import Generation, Output
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.tool_calls import assistant_message
@@ -12,16 +13,36 @@ from pagedserve.shared.messages import SampledToken
 
 
 def completion_response(request: ApiRequest) -> dict:
-    body = [{"index": i, "text": gen.text, "logprobs": completion_logprobs(gen, gen.logprobs, 0),
-             "finish_reason": gen.finish_reason} for i, gen in enumerate(request.gens)]
+    body = [_completion_choice(i, gen) for i, gen in enumerate(request.gens)]
     return _envelope(request, "text_completion", body, usage=request.usage())
+
+
+def _completion_choice(index: int, gen: Generation) -> dict:
+    """A whole choice; echo puts the prompt (and its tokens' logprobs) before the text (echo.py)."""
+    prompt = gen.request.prompt
+    drop = prompt is not None and prompt.drop_output
+    text, logprobs = ("", []) if drop else (gen.text, gen.logprobs)
+    offset = len(prompt.text) if prompt is not None and prompt.echo else 0
+    scored = completion_logprobs(gen, logprobs, offset)
+    if prompt is not None and prompt.echo:
+        text = prompt.text + text
+        if scored is not None:
+            echoed = echoed_logprobs(gen.request, gen, _token_text)
+            scored = {key: echoed[key] + scored[key] for key in scored}
+    choice = {"index": index, "text": text, "logprobs": scored, "finish_reason": gen.finish_reason}
+    if prompt is not None and prompt.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(gen.request, gen, _token_text)
+    return choice
 
 
 def chat_response(request: ApiRequest) -> dict:
     body = [{"index": i, "message": message, "logprobs": chat_logprobs(gen, gen.logprobs), "finish_reason": finish}
             for i, gen in enumerate(request.gens)
             for message, finish in [assistant_message(gen.text, gen.finish_reason, request.tool_use)]]
-    return _envelope(request, "chat.completion", body, usage=request.usage())
+    envelope = _envelope(request, "chat.completion", body, usage=request.usage())
+    if request.prompt is not None and request.prompt.prompt_logprobs is not None:  # vLLM's, beside the choices
+        envelope["prompt_logprobs"] = vllm_prompt_logprobs(request, request.gens[0], _token_text)
+    return envelope
 
 
 def completion_chunk(request: ApiRequest, index: int, out: Output, text_offset: int) -> dict:

@@ -59,6 +59,7 @@ class _Sampling(_Body):
     user: str | None = None
     cache_salt: str | None = None  # vLLM's name: only requests with the same salt share cached prefix blocks
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = None  # vLLM's: logprobs of the prompt's tokens, with this many top ones
     stream: bool = False
     stream_options: StreamOptions | None = None
     # structured outputs (structured_outputs.py): vLLM's field and its older guided_* ones

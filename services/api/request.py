@@ -21,6 +21,7 @@ from pagedserve.shared.messages import SamplingParams, SubmitRequest
 from pagedserve.shared.parallel_sampling import child_request_ids
 
 if TYPE_CHECKING:
+    from pagedserve.services.api.echo import PromptEcho
     from pagedserve.services.api.edge import ApiState
     from pagedserve.services.api.tool_calls import ToolUse
 
@@ -42,6 +43,7 @@ class ApiRequest:
     include_usage: bool = False
     continuous_usage: bool = False
     tool_use: ToolUse | None = None  # chat with tools: how its output is read (tool_calls.py)
+    prompt: PromptEcho | None = None  # echo, prompt logprobs (echo.py)
     created: int = field(default_factory=lambda: int(time.time()))
     gens: list[Generation] = field(default_factory=list)  # its sequences, by index, once opened
     seq: int = 0  # the last record event written
@@ -106,7 +108,7 @@ class ApiRequest:
     def usage(self) -> dict:
         """The prompt once, the completions of every sequence."""
         first = self.gens[0].usage()
-        completion = sum(len(gen.token_ids) for gen in self.gens)
+        completion = 0 if self.prompt and self.prompt.drop_output else sum(len(gen.token_ids) for gen in self.gens)
         usage = {"prompt_tokens": first["prompt_tokens"], "completion_tokens": completion,
                  "total_tokens": first["prompt_tokens"] + completion}
         usage["prompt_tokens_details"] = {"cached_tokens": max(gen.num_cached_tokens for gen in self.gens)}

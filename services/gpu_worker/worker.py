@@ -20,6 +20,7 @@ from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
 from pagedserve.services.gpu_worker.sampling.grammar import Grammars, SequenceGrammar, apply_masks
+from pagedserve.services.gpu_worker.sampling.prompt_logprobs import PromptSpan, prompt_logprobs, prompt_span
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
 from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared.config import EngineConfig
@@ -118,8 +119,13 @@ class Worker:
         query_lens, seq_lens, tables = [], [], []
         sample_rows: list[int] = []  # flat index of the last new token of each sampling request
         sample_ids: list[str] = []
+        spans: list[PromptSpan] = []  # prefill chunks whose requests want the prompt's logprobs
         for request_id, state in zip(scheduled, states, strict=False):
             start, n = state.num_computed_tokens, state.num_scheduled_tokens
+            span = prompt_span(request_id, len(input_ids), start, n, state.token_ids, state.num_prompt_tokens,
+                               state.sampling.prompt_logprobs)
+            if span is not None:
+                spans.append(span)
             input_ids.extend(state.token_ids[start:start + n])
             query_lens.append(n)
             seq_lens.append(start + n)
@@ -133,6 +139,8 @@ class Worker:
         masks = self.grammars.start_masks([self.requests[r].grammar for r in sample_ids])  # beside the forward
         hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
         result = StepResult(step_id=plan.step_id)
+        if spans:
+            result.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, spans)
         for state in states:
             state.num_computed_tokens += state.num_scheduled_tokens
             state.num_scheduled_tokens = 0

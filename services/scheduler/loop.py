@@ -26,6 +26,7 @@ from pagedserve.shared.messages import (
     DeltaBatch,
     PolicyReply,
     PrefixCacheReset,
+    RequestDelta,
     SetPolicy,
     StepPlan,
     StepResult,
@@ -149,6 +150,7 @@ class SchedulerLoop:
             return
         lane.strikes.clear()
         self.step_id = max(self.step_id, plan.step_id)
+        self._route([RequestDelta(p.request_id, [], prompt_logprobs=p) for p in result.prompt_logprobs])  # first
         self._route(deltas)
         self.stats_dirty = True
 
