@@ -64,6 +64,16 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
                        (query.get("sentinel_password") or [None])[0])
 
 
+def check_redis_url(url: str) -> None:
+    """ConfigError naming --redis-url unless it is one of the forms above."""
+    if not url.startswith(("redis://", "rediss://", "unix://", f"{SENTINEL_SCHEME}://")):
+        raise ConfigError(f"--redis-url={url!r}: expected redis://, rediss://, unix:// or {SENTINEL_SCHEME}://")
+    try:
+        parse_sentinel_url(url)
+    except ConfigError as e:
+        raise ConfigError(f"--redis-url: {e}") from None
+
+
 def _sentinel_kwargs(s: SentinelURL, kwargs: dict[str, Any]) -> tuple[dict, dict]:
     """(kwargs of the connections to the master, kwargs of those to the sentinels)."""
     master = dict(kwargs, db=s.db, username=s.username, password=s.password)

@@ -17,6 +17,7 @@ import sys
 from pagedserve.services.api.app import ApiConfig, create_app
 from pagedserve.services.api.inputs import ModelInfo
 from pagedserve.shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
+from pagedserve.shared.redis_connect import check_redis_url
 
 log = logging.getLogger("pagedserve.api")
 
@@ -64,8 +65,7 @@ def config_from_args(args: argparse.Namespace) -> ApiConfig:
     for name in ("max_prompt_tokens", "max_output_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
-    if not args.redis_url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"--redis-url={args.redis_url!r}: expected redis://, rediss:// or unix://")
+    check_redis_url(args.redis_url)
     if not args.prefix or any(c.isspace() for c in args.prefix):
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.api_key is not None and not args.api_key.strip():

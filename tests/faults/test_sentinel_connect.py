@@ -10,7 +10,13 @@ import pytest
 import redis
 
 from pagedserve.shared.config import ConfigError
-from pagedserve.shared.redis_connect import SentinelURL, async_client, parse_sentinel_url, sync_client
+from pagedserve.shared.redis_connect import (
+    SentinelURL,
+    async_client,
+    check_redis_url,
+    parse_sentinel_url,
+    sync_client,
+)
 from tests.faults.sentinels import REDIS_SERVER, Sentinels
 from tests.waiting import wait_for
 
@@ -33,6 +39,15 @@ def test_parse_names_every_part():
 def test_malformed_urls_are_refused_naming_the_part(url, why):
     with pytest.raises(ConfigError, match=why.replace("+", r"\+")):
         parse_sentinel_url(url)
+
+
+def test_check_redis_url_names_the_option():
+    for url in ("redis://h:6379/0", "rediss://h", "unix:///tmp/r.sock", "redis+sentinel://s1,s2/m/0"):
+        check_redis_url(url)
+    with pytest.raises(ConfigError, match=r"--redis-url='http://h': expected redis://"):
+        check_redis_url("http://h")
+    with pytest.raises(ConfigError, match=r"--redis-url: redis url 'redis\+sentinel://s1/m/x': db 'x'"):
+        check_redis_url("redis+sentinel://s1/m/x")
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server (it also runs the sentinels)")
