@@ -13,7 +13,7 @@ from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
 from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
 from pagedserve.services.gpu_worker.model.config import ModelConfig
-from tests.gpu_worker.test_attention import _cpu_meta, make_step, steps
+from tests.gpu_worker.test_attention import _cpu_meta, _prefill_kernel_supported, make_step, steps
 
 # the kernels sum in float32 in another order than the reference; bf16 queries round the output
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
@@ -114,3 +114,17 @@ def test_int8_decode_kernel_over_block_sizes_head_dims_and_groups(dtype, block_s
     backend = TorchPagedBackend(use_kernel=True)
     check_int8_against_reference(backend, *step)
     assert backend._plan.kernel_decodes is not None and backend._plan.decodes == []
+
+
+@pytest.mark.skipif(not _prefill_kernel_supported(), reason="the bf16 prefill kernel needs AVX-512 BF16")
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (32, 128, 2)])
+def test_int8_prefills_run_the_bf16_kernel_on_their_dequantized_blocks(block_size, head_dim, group):
+    # chunks after cached context (one shares its first blocks with another), a fresh prefill
+    requests = [(37, 100), (20, 60), (45, 45), (1, 63)]
+    step = int8_step(requests=requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
+                     head_dim=head_dim, dtype=torch.bfloat16, shared_blocks=1, seed=block_size + group)
+    backend = TorchPagedBackend(use_kernel=True)
+    check_int8_against_reference(backend, *step)
+    p = backend._plan.kernel_prefills
+    assert p is not None and backend._plan.prefills == []
+    assert p.block_ids.numel() == len(set(p.block_ids.tolist()))  # each shared block dequantized once
