@@ -1,10 +1,12 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (whole or SSE), /v1/models[/{id}].
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/responses (whole or SSE),
+/v1/models[/{id}].
 
 Every rejection (4xx/503) happens before a response starts, never after a 200 opened a stream.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import APIRouter, Request
@@ -15,6 +17,7 @@ from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while
 from pagedserve.services.api.openai_fields import check_fields
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_json_object
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.responses_api import ResponseShape, chat_body
 from pagedserve.services.api.tool_stream import tool_events
 
 log = logging.getLogger("pagedserve.api")
@@ -64,6 +67,39 @@ async def _serve(request: Request, cls) -> Response:
         return Response(status_code=499)
     body = fmt.chat_response(api_request) if api_request.kind == "chat" else fmt.completion_response(api_request)
     return JSONResponse(body)
+
+
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    """The Responses API for text, on the chat path (responses_api.py)."""
+    state = state_of(request)
+    chat, body = chat_body(parse_json_object(await read_body(request, state.max_body_bytes)))
+    api_request = await state.accept(json.dumps(chat).encode(), request, ChatCompletionRequest)
+    shape = ResponseShape(body, api_request.model)
+    if api_request.stream:
+        return GenerationStream(api_request, _response_events(api_request, shape))
+    await while_connected(request.receive, api_request, _drain(api_request), "request handler ended early")
+    if api_request.why == CLIENT_GONE:
+        return Response(status_code=499)
+    gen = api_request.gens[0]
+    return JSONResponse(shape.response(gen.text, gen.finish_reason, api_request.usage()))
+
+
+async def _response_events(request: ApiRequest, shape: ResponseShape):
+    for event in shape.opening():
+        yield _named_sse(event)
+    async for _index, out in request.outputs():
+        if out.text:
+            yield _named_sse(shape.delta(out.text))
+    if request.why == CLIENT_GONE:
+        return
+    gen = request.gens[0]
+    for event in shape.closing(gen.text, gen.finish_reason, request.usage()):
+        yield _named_sse(event)
+
+
+def _named_sse(event: dict) -> bytes:
+    return f"event: {event['type']}\n".encode() + fmt.sse(event)
 
 
 async def _drain(request: ApiRequest) -> None:

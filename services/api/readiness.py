@@ -12,7 +12,8 @@ from pagedserve.services.api.protocol import ApiError
 CHECK_INTERVAL_S = 1.0
 RETRY_AFTER_S = 5
 # (method, path) that submit work: HTTP POSTs and the streaming WebSocket
-GATED = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/v1/requests"),
+GATED = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/v1/responses"),
+         ("POST", "/v1/requests"),
          ("WS", "/v1/stream")}
 
 

@@ -1,0 +1,150 @@
+"""OpenAI's Responses API for text (POST /v1/responses): the body becomes a chat completion
+(instructions as the system message, `input` as the conversation) and runs on the chat path;
+the answer is a `response` object, or its SSE events (response.created ... response.completed).
+
+What it does not serve (previous_response_id, tools, reasoning, background, store, ...) is a
+400 naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict
+
+from pagedserve.services.api.protocol import ApiError
+
+# field -> values that ask for nothing beyond text in, text out
+_REFUSED = {"previous_response_id": (None,), "conversation": (None,), "tools": (None, []),
+            "tool_choice": (None, "none", "auto"), "reasoning": (None,), "background": (None, False),
+            "store": (None, False), "include": (None, []), "prompt": (None,), "truncation": (None, "disabled"),
+            "max_tool_calls": (None,)}
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    user: str | None = None
+    text: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+def chat_body(data: dict) -> tuple[dict, ResponsesRequest]:
+    """A Responses body (parsed JSON) -> the chat completion body it asks for, and the request."""
+    for name, honoured in _REFUSED.items():
+        if name in data and data[name] not in honoured:
+            raise ApiError(400, f"{name} is not supported by this server's Responses API", param=name,
+                           code="unsupported")
+    try:
+        body = ResponsesRequest.model_validate(data)
+    except pydantic.ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first.get("loc") else None
+        raise ApiError(400, f"invalid value for '{field}': {first['msg']}", param=field, code="invalid_type") from None
+    fmt = (body.text or {}).get("format") or {"type": "text"}
+    if fmt.get("type") != "text":
+        raise ApiError(400, f"text.format {fmt.get('type')!r} is not supported (text only)", param="text",
+                       code="unsupported")
+    messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages += [{"role": "user", "content": body.input}] if isinstance(body.input, str) else \
+        [_message(item, i) for i, item in enumerate(body.input)]
+    chat = {"messages": messages, "stream": body.stream}
+    for ours, theirs in (("model", "model"), ("max_tokens", "max_output_tokens"), ("temperature", "temperature"),
+                         ("top_p", "top_p"), ("user", "user")):
+        if getattr(body, theirs) is not None:
+            chat[ours] = getattr(body, theirs)
+    if body.stream:
+        chat["stream_options"] = {"include_usage": True}
+    return chat, body
+
+
+def _message(item: dict, index: int) -> dict:
+    if item.get("type", "message") != "message" or "role" not in item:
+        raise ApiError(400, f"input[{index}]: only messages are supported, got type {item.get('type')!r}",
+                       param="input", code="unsupported")
+    content = item.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(400, f"input[{index}].content: only text parts are supported, got {kind!r}",
+                               param="input", code="unsupported")
+            parts.append({"type": "text", "text": part.get("text", "")})
+        content = parts
+    return {"role": item["role"], "content": content}
+
+
+class ResponseShape:
+    """The response object and its stream events for one chat request (one choice)."""
+
+    def __init__(self, body: ResponsesRequest, model: str):
+        self.body, self.model = body, model
+        self.id, self.item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        self.seq = -1
+
+    def response(self, text: str | None, finish_reason: str | None, usage: dict | None) -> dict:
+        """text None: in progress (no output yet)."""
+        incomplete = finish_reason == "length"
+        status = "in_progress" if text is None else "incomplete" if incomplete else "completed"
+        output = [] if text is None else [self.item(text, "incomplete" if incomplete else "completed")]
+        b = self.body
+        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "model": self.model, "output": output, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
+                "temperature": b.temperature, "top_p": b.top_p, "parallel_tool_calls": True, "tool_choice": "auto",
+                "tools": [], "text": {"format": {"type": "text"}}, "metadata": b.metadata or {}, "user": b.user,
+                "usage": self.usage(usage) if usage else None}
+
+    def item(self, text: str, status: str) -> dict:
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
+                "content": [self.part(text)]}
+
+    @staticmethod
+    def part(text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    @staticmethod
+    def usage(usage: dict) -> dict:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        return {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage["total_tokens"]}
+
+    def event(self, kind: str, **fields) -> dict:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq, **fields}
+
+    def opening(self) -> list[dict]:
+        at = {"item_id": self.item_id, "output_index": 0}
+        return [self.event("response.created", response=self.response(None, None, None)),
+                self.event("response.in_progress", response=self.response(None, None, None)),
+                self.event("response.output_item.added", output_index=0,
+                           item={**self.item("", "in_progress"), "content": []}),
+                self.event("response.content_part.added", **at, content_index=0, part=self.part(""))]
+
+    def delta(self, text: str) -> dict:
+        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
+                          delta=text, logprobs=[])
+
+    def closing(self, text: str, finish_reason: str | None, usage: dict) -> list[dict]:
+        at = {"item_id": self.item_id, "output_index": 0}
+        done = self.response(text, finish_reason, usage)
+        final = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+        return [self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
+                self.event("response.content_part.done", **at, content_index=0, part=self.part(text)),
+                self.event("response.output_item.done", output_index=0, item=done["output"][0]),
+                self.event(final, response=done)]
