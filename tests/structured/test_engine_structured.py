@@ -9,7 +9,6 @@ import json
 import pytest
 
 from pagedserve.services.engine import Engine
-from pagedserve.services.gpu_worker.sampling.grammar import Grammars
 from pagedserve.shared.messages import GuidedDecoding, SamplingParams
 from tests.structured.schemas import CHOICES, REGEX, SCHEMAS, check_json, check_regex
 
@@ -82,9 +81,3 @@ def test_each_of_n_choices_has_its_own_matcher(engine):
     assert len(set(texts)) > 1
 
 
-def test_a_new_schema_compiles_once():
-    grammars = Grammars("smollm2", 49152, [2])
-    guide = GuidedDecoding("regex", "ab+")
-    first, second = grammars.sequence(guide, []), grammars.sequence(guide, [])
-    assert first._compiled is second._compiled
-    assert first.matcher() is not None and second.matcher() is not None

@@ -118,7 +118,13 @@ def _fill(grammars: list[SequenceGrammar | None], vocab_size: int) -> tuple[torc
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
-    rows = [i for i, g in enumerate(grammars) if g is not None and g.fill(bitmask, i)]
+    rows = []
+    for i, g in enumerate(grammars):
+        try:
+            if g is not None and g.fill(bitmask, i):
+                rows.append(i)
+        except Exception as e:  # one bad grammar must not fail the step of every other request
+            log.error("grammar mask failed, row %d samples unconstrained: %s: %s", i, type(e).__name__, e)
     return bitmask, rows
 
 
