@@ -52,4 +52,6 @@ WORKLOADS: dict[str, Callable[[], list[dict]]] = {
     "chat-256": lambda: random_mix(256, 7, 16, 64, 128, 128),
     # prompts 32-512, outputs 16-256: the engine on a mix unlike random-64's
     "mix-96": lambda: random_mix(96, 21, 32, 512, 16, 256),
+    # 8 prompts of 3,936-4,000 tokens, 64 output tokens each: decodes over ~4,000-token contexts
+    "long-context-8": lambda: random_mix(8, 29, 3936, 4000, 64, 64),
 }

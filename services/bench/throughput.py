@@ -23,6 +23,7 @@ COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", default="2GiB")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"], help="the KV pool's storage")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -50,6 +51,7 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
     from pagedserve.services.engine import Engine
 
     config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                          kv_cache_dtype=args.kv_cache_dtype,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           enable_prefix_caching=args.enable_prefix_caching if enable_prefix_caching is None
                           else enable_prefix_caching, policy=args.policy, policy_options=args.policy_options)
