@@ -62,11 +62,13 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await loop.start()
+        history = dashboard_routes.start_history(app)  # the dashboard's charts: the last 5 minutes
         log.info("api ready to serve %s (context %d tokens) on prefix %r", info.served_name, info.max_model_len,
                  config.prefix)
         try:
             yield
         finally:
+            history.cancel()
             await loop.stop()
 
     app = FastAPI(title="pagedserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")

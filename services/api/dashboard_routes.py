@@ -1,5 +1,6 @@
-"""The live dashboard: GET / (links), /dashboard (static HTML), /dashboard/snapshot (JSON) and
-/dashboard/events (SSE every SNAPSHOT_INTERVAL_S); open without the API key, as /metrics is.
+"""The live dashboard: GET / (links), /dashboard (static HTML), /dashboard/snapshot (JSON, the page
+polls it), /dashboard/history (the charts' last 5 minutes) and /dashboard/events (SSE every
+SNAPSHOT_INTERVAL_S, for other clients); open without the API key, as /metrics is.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import time
 from importlib.metadata import entry_points
 from importlib.resources import files
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
+from pagedserve.services.api.dashboard_history import HISTORY_S, SAMPLE_INTERVAL_S, History, Sample, sample_forever
 from pagedserve.services.api.dashboard_snapshot import build_snapshot
 from pagedserve.services.api.edge import state_of
 from pagedserve.services.api.metrics import PREFIX
@@ -45,6 +47,27 @@ async def snapshot(request: Request) -> dict:
     return await _snapshot(request)
 
 
+@router.get("/dashboard/history", include_in_schema=False)
+async def history(request: Request) -> dict:
+    """{"horizon_s", "interval_s", "points": [{t, tps, ttft}]}: what the charts draw on load."""
+    return {"horizon_s": HISTORY_S, "interval_s": SAMPLE_INTERVAL_S,
+            "points": request.app.state.dashboard_history.points()}
+
+
+def start_history(app: FastAPI) -> asyncio.Task:
+    """Samples throughput and TTFT into app.state.dashboard_history until the task is cancelled."""
+    app.state.dashboard_history = History()
+
+    async def take() -> Sample:
+        state = app.state.api
+        sched = (await state.loop.read_stats(("scheduler",))).get("scheduler", {})
+        tokens = sched.get("generation_tokens_total")
+        return Sample(time.time(), float(tokens) if isinstance(tokens, (int, float)) else 0.0,
+                      *_ttft(state.metrics.registry))
+
+    return asyncio.create_task(sample_forever(app.state.dashboard_history, take))
+
+
 @router.get("/dashboard/events", include_in_schema=False)
 async def events(request: Request) -> StreamingResponse:
     async def stream():
@@ -58,9 +81,12 @@ async def events(request: Request) -> StreamingResponse:
 async def _snapshot(request: Request) -> dict:
     state = state_of(request)
     stats = await state.loop.read_stats(("scheduler", "kvstore", "block_map"))
-    registry = state.metrics.registry
-    ttft_sum = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum") or 0.0
-    ttft_count = registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count") or 0.0
     policies = sorted({ep.name for ep in entry_points(group=POLICY_GROUP)})
     missing = await state.loop.missing_services()
-    return build_snapshot(stats, ttft_sum, ttft_count, policies, time.time(), missing)
+    return build_snapshot(stats, *_ttft(state.metrics.registry), policies, time.time(), missing)
+
+
+def _ttft(registry) -> tuple[float, float]:
+    """This api's time-to-first-token sum (s) and count."""
+    return (registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum") or 0.0,
+            registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count") or 0.0)

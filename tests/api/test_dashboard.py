@@ -5,13 +5,14 @@ a screenshot of it is a real PNG of the page."""
 from __future__ import annotations
 
 import struct
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.api.chromium import VIEWPORT, Chromium, chromium_path
+from tests.api.chromium import FLAGS, VIEWPORT, Chromium, chromium_path
 from tests.services.conftest import wait_for
 
 pytestmark = [pytest.mark.slow,
@@ -67,6 +68,13 @@ def test_page_renders_the_stack_state(page):
         == ["fair", "fcfs", "priority", "sjf"]
 
 
+def _assert_totals_are_the_legends_parts(m: dict[str, str]) -> None:
+    """The header's used and total are the legend's parts, from the same snapshot."""
+    parts = {k: int(m[f"kv_blocks_{k}"]) for k in ("free", "cached", "in_use", "shared")}
+    assert int(m["kv_blocks_used"]) == parts["in_use"] + parts["shared"], m
+    assert int(m["kv_blocks_total"]) == sum(parts.values()), m
+
+
 def test_values_move_under_load(page, stack_api):
     before = page.metrics()
     seen = {"num_requests_running": 0.0, "kv_blocks_used": 0.0, "tokens_per_s": 0.0}
@@ -80,6 +88,7 @@ def test_values_move_under_load(page, stack_api):
         futures = [pool.submit(complete, i) for i in range(NUM_REQUESTS)]
         while not all(f.done() for f in futures):
             m = page.metrics()
+            _assert_totals_are_the_legends_parts(m)
             for name in seen:
                 if m[name] != "-":
                     seen[name] = max(seen[name], _number(m[name]))
@@ -96,6 +105,21 @@ def test_values_move_under_load(page, stack_api):
     # the finished requests' full blocks stay cached until the pool needs them
     wait_for(lambda: page.metrics()["kv_blocks_cached"] not in ("-", "0"), 30, "cached free blocks in the map")
     assert page.metrics()["ttft_ms"] is not None
+    _assert_totals_are_the_legends_parts(page.metrics())
+
+
+def test_a_new_page_draws_the_last_minutes_at_once(page, stack_api, tmp_path):
+    """After the load above, a page opened now gets the server's history: its chart has points
+    with tokens/s above 0 before its own second snapshot."""
+    points = httpx.get(stack_api.base_url + "/dashboard/history", timeout=10).json()["points"]
+    assert any(p["tps"] > 0 for p in points)
+    browser = Chromium(tmp_path / "profile")
+    try:
+        browser.navigate(stack_api.base_url + "/dashboard")
+        drawn = "Array.isArray(history) ? history.filter(h => h.tps > 0).length : 0"  # window.history until loaded
+        wait_for(lambda: browser.evaluate(drawn) > 0, 30, "the history")
+    finally:
+        browser.close()
 
 
 def test_policy_swap_from_the_page(page, stack_api):
@@ -127,3 +151,14 @@ def test_screenshot_is_a_png_of_the_page(page, tmp_path):
                           "  if (d[i+3] === 255 && colours.has(`${d[i]},${d[i+1]},${d[i+2]}`)) n++;"
                           "return n; })()")
     assert drawn == 16 * 256
+
+
+def test_a_screenshot_tool_waiting_for_idle_finishes(api_alone, tmp_path):
+    """chromium --virtual-time-budget waits until the page's network is idle: the page polls, so it
+    is between polls, and the screenshot is taken (an endless event stream never let it finish)."""
+    png = tmp_path / "dashboard.png"
+    done = subprocess.run([chromium_path(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           "--virtual-time-budget=5000", f"--screenshot={png}", api_alone.base_url + "/dashboard"],
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
