@@ -25,18 +25,40 @@ FAMILIES = {
 }
 
 
-def hf_checkpoint(name: str, seed: int = 0):
+def hf_checkpoint(name: str, seed: int = 0, **overrides):
     """A random float32 transformers model of the family, eval mode."""
     config_class, model_class, extra = FAMILIES[name]
     torch.manual_seed(seed)
-    return model_class(config_class(**{**_COMMON, **extra})).eval()
+    return model_class(config_class(**{**_COMMON, **extra, **overrides})).eval()
 
 
-def save_checkpoint(name: str, directory, seed: int = 0):
+def save_checkpoint(name: str, directory, seed: int = 0, **overrides):
     """Write the checkpoint's HF folder (config.json, generation_config.json, safetensors)."""
-    model = hf_checkpoint(name, seed)
+    model = hf_checkpoint(name, seed, **overrides)
     model.save_pretrained(directory)
     return model
+
+
+# a servable folder's eos ids, each declared in one place only as real models do: config.json
+# (Qwen base: <|endoftext|>; Llama 3: <|end_of_text|>), tokenizer_config.json (the chat turn's
+# end) and generation_config.json (both)
+SERVABLE = {"qwen2": ("qwen", 0, [2, 0]), "qwen3": ("qwen", 0, [0]), "llama3": ("llama3", 1, [1, 4])}
+
+
+def save_servable(name: str, directory, seed: int = 0):
+    """A whole model folder: the checkpoint (vocab 320) and its own tokenizer and chat template.
+    Returns (transformers model, transformers tokenizer)."""
+    from tests.gpu_worker.family_tokenizers import build_tokenizer
+
+    style, config_eos, generation_eos = SERVABLE[name]
+    tokenizer = build_tokenizer(style)
+    bos = tokenizer.bos_token_id
+    model = save_checkpoint(name, directory, seed, vocab_size=len(tokenizer), eos_token_id=config_eos,
+                            bos_token_id=bos, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config.eos_token_id = generation_eos
+    model.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model, tokenizer
 
 
 @torch.inference_mode()

@@ -11,7 +11,8 @@ import transformers
 from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import load_config
-from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, save_checkpoint
+from pagedserve.shared.tokenizer import load_tokenizer
+from tests.gpu_worker.family_checkpoints import FAMILIES, SERVABLE, VOCAB, save_checkpoint, save_servable
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
 
 SWITCHES = {  # family -> (architecture, qkv_bias, o_bias, qk_norm, tied)
@@ -58,6 +59,21 @@ def test_llama_attention_bias_adds_to_q_k_v_and_o(tmp_path):
     logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
                                            [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(("name", "eos"), [("qwen2", [0, 2]), ("qwen3", [0, 2]), ("llama3", [1, 4])])
+def test_a_folder_serves_its_own_tokenizer_template_and_every_eos(tmp_path, name, eos):
+    """Stops on each eos id config.json, generation_config.json or tokenizer_config.json declares."""
+    assert name in SERVABLE
+    _, hf_tokenizer = save_servable(name, tmp_path)
+    assert load_config(str(tmp_path)).eos_token_ids == eos
+    tokenizer = load_tokenizer(str(tmp_path))
+    assert set(tokenizer.eos_token_ids) == set(eos)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital?"}]
+    assert tokenizer.apply_chat_template(messages) == list(
+        hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    text = "héllo wörld 🎉 Paris"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
 BASE = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,

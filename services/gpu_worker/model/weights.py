@@ -89,14 +89,37 @@ def dequantize_tensor(tensor) -> np.ndarray:
 
 
 def _hf_dir_config(directory: str) -> ModelConfig:
-    with open(os.path.join(directory, "config.json")) as f:
-        config = json.load(f)
-    generation_config = None
-    generation_path = os.path.join(directory, "generation_config.json")
-    if os.path.isfile(generation_path):
-        with open(generation_path) as f:
-            generation_config = json.load(f)
-    return ModelConfig.from_hf_config(config, generation_config)
+    """config.json, with every eos id the folder declares: config.json's, generation_config.json's
+    and tokenizer_config.json's eos_token (Qwen2.5's <|im_end|>, Llama 3's <|eot_id|>)."""
+    config = _json(directory, "config.json")
+    model_config = ModelConfig.from_hf_config(config, _json(directory, "generation_config.json"))
+    eos = _tokenizer_eos_id(directory)
+    if eos is not None and eos not in model_config.eos_token_ids:
+        model_config.eos_token_ids.append(eos)
+    return model_config
+
+
+def _json(directory: str, name: str) -> dict | None:
+    path = os.path.join(directory, name)
+    if name != "config.json" and not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _tokenizer_eos_id(directory: str) -> int | None:
+    """tokenizer_config.json's eos_token as an id of tokenizer.json; None where either lacks it."""
+    tokenizer_config = _json(directory, "tokenizer_config.json") or {}
+    eos = tokenizer_config.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if not eos or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return None
+    tokenizer = _json(directory, "tokenizer.json")
+    for added in tokenizer.get("added_tokens", []):
+        if added.get("content") == eos:
+            return int(added["id"])
+    token_id = tokenizer.get("model", {}).get("vocab", {}).get(eos)
+    return None if token_id is None else int(token_id)
 
 
 def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

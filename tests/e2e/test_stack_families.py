@@ -1,0 +1,67 @@
+"""A non-llama model through the whole stack: `pagedserve up --model DIR` on a tiny random Qwen3
+folder with its own tokenizer, chat template and eos ids; a chat completion through the api
+returns the text of transformers' greedy tokens, stopping on the eos the model declares."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import httpx
+import pytest
+
+from tests.cli.helpers import REPO, START_TIMEOUT_S, base_env, free_port, pagedserve_argv, ready, wait_for
+from tests.gpu_worker.family_checkpoints import hf_greedy, save_servable
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 24
+# with seed 10 the first two answers end on an eos id, the last runs to max_tokens
+QUESTIONS = ["List three fruits that are red.", "def f(x): return x ** 2", "What is the capital of France?"]
+
+
+def _expected(hf_model, hf_tokenizer, question: str, eos: set[int]) -> tuple[str, str]:
+    """(text, finish_reason) of transformers' greedy answer, cut at the first eos id."""
+    prompt = hf_tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                              return_dict=False)
+    tokens = hf_greedy(hf_model, list(prompt), MAX_TOKENS)
+    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
+    if stop is not None:
+        return hf_tokenizer.decode(tokens[:stop], skip_special_tokens=True), "stop"
+    return hf_tokenizer.decode(tokens, skip_special_tokens=True), "length"
+
+
+def test_up_serves_a_qwen3_folder_as_transformers_would(tmp_path):
+    hf_model, hf_tokenizer = save_servable("qwen3", tmp_path / "qwen3", seed=10)
+    model_dir = str(tmp_path / "qwen3")
+    expected = [_expected(hf_model, hf_tokenizer, q, {0, 2}) for q in QUESTIONS]
+    assert [reason for _, reason in expected] == ["stop", "stop", "length"]
+    port = free_port()
+    env = base_env(PAGEDSERVE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen([*pagedserve_argv(), "up", "--model", model_dir, "--dtype", "float32",
+                             "--num-blocks", "64", "--port", str(port), "--ready-timeout", str(START_TIMEOUT_S)],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            process_group=0)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, f"pagedserve up exited {proc.returncode}"
+            return ready(base_url)
+
+        wait_for(up, START_TIMEOUT_S + 10, "/ready of pagedserve up --model DIR")
+        for question, (text, finish_reason) in zip(QUESTIONS, expected, strict=True):
+            r = httpx.post(base_url + "/v1/chat/completions", timeout=120.0, json={
+                "model": model_dir, "messages": [{"role": "user", "content": question}],
+                "temperature": 0, "max_tokens": MAX_TOKENS})
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            assert (choice["message"]["content"], choice["finish_reason"]) == (text, finish_reason)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
