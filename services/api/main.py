@@ -6,7 +6,9 @@ Bad config exits 2 naming the option; Redis down at start is retried in the back
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -113,9 +115,23 @@ def _context_length(path: str) -> int:
     from gguf import GGUFReader
 
     from pagedserve.shared.model_source import find_gguf_in_dir
+    from pagedserve.shared.tokenizer import _cache_root as cache_root
 
     gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
-    return ModelConfig.from_gguf(GGUFReader(gguf_file)).max_position_embeddings
+    # the header's parse takes seconds (the vocabulary is in it): its answer is kept per file version
+    stat = os.stat(gguf_file)
+    key = hashlib.sha256(f"{os.path.realpath(gguf_file)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    cached = os.path.join(cache_root(), "context_lengths", key[:24])
+    with contextlib.suppress(OSError, ValueError):
+        with open(cached) as f:
+            return int(f.read())
+    length = ModelConfig.from_gguf(GGUFReader(gguf_file)).max_position_embeddings
+    with contextlib.suppress(OSError):  # read-only home etc.: parse at every start
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        with open(f"{cached}.{os.getpid()}", "w") as f:
+            f.write(str(length))
+        os.replace(f"{cached}.{os.getpid()}", cached)
+    return length
 
 
 def run(args: argparse.Namespace) -> int:
