@@ -51,6 +51,10 @@ class ApiState:
         else:
             request = PromptBatch(await asyncio.to_thread(
                 lambda: [prepare(part, self.tokenizer, self.info, self.limits, tenant) for part in parts]))
+        if cls is None and request.prompt is not None:  # REST and the WebSocket report no prompt logprobs
+            field = "echo" if request.prompt.echo else "prompt_logprobs"
+            raise ApiError(400, f"{field} is served on /v1/completions and /v1/chat/completions only", param=field,
+                           code="unsupported")
         await request.start(self, listen)
         return request
 

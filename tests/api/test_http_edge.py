@@ -89,6 +89,13 @@ def test_bad_input_gets_its_4xx_and_submits_nothing(api_alone, path, body, statu
     assert len(api_alone.requests_stream()) == before
 
 
+def test_echo_and_prompt_logprobs_only_on_the_openai_routes(api_alone):
+    with api_alone.client() as c:
+        for field, value in (("echo", True), ("prompt_logprobs", 1)):
+            r = _post(c, "/v1/requests", {"prompt": "hi", field: value})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
 def test_edge_errors_are_json(api_alone):
     with api_alone.client() as c:
         big = {"prompt": "x" * 70_000}
