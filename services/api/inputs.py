@@ -33,6 +33,8 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     aliases: set[str] = field(default_factory=set)  # lower-cased names also accepted
+    # generation_config.json's values for fields a request omits (shared/generation_defaults.py)
+    sampling_defaults: dict = field(default_factory=dict)
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.served_name or name.lower() in self.aliases
@@ -72,8 +74,9 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     max_tokens = default_max if max_tokens is None else max(max_tokens, 1)  # echo's 0: one sampled, dropped
     prompt_field = "messages" if kind == "chat" else "prompt"
     if len(prompt_ids) >= info.max_model_len:
+        verb = "have" if prompt_field == "messages" else "has"  # "the messages alone have", "the prompt alone has"
         raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the {prompt_field} "
-                       f"alone has {len(prompt_ids)} tokens", code="context_length_exceeded", param=prompt_field)
+                       f"alone {verb} {len(prompt_ids)} tokens", code="context_length_exceeded", param=prompt_field)
     if len(prompt_ids) + max_tokens > info.max_model_len:
         raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the prompt has "
                        f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
@@ -165,14 +168,16 @@ def _chat_logprobs(body: ChatCompletionRequest) -> int | None:
 
 
 def _sampling(body, max_tokens: int, logprobs: int | None, info: ModelInfo) -> SamplingParams:
-    temperature = 1.0 if body.temperature is None else body.temperature
+    defaults = info.sampling_defaults
+    temperature = defaults.get("temperature", 1.0) if body.temperature is None else body.temperature
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ApiError(400, f"temperature must be a finite number >= 0, got {temperature}", param="temperature")
-    top_p = 1.0 if body.top_p is None else body.top_p
+    top_p = defaults.get("top_p", 1.0) if body.top_p is None else body.top_p
     if not 0 < top_p <= 1:
         raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p")
-    top_k = 0 if body.top_k in (None, -1) else _bounded(body.top_k, "top_k", 0, info.vocab_size)
-    min_p = 0.0 if body.min_p is None else body.min_p
+    top_k = defaults.get("top_k", 0) if body.top_k is None else body.top_k
+    top_k = 0 if top_k == -1 else _bounded(top_k, "top_k", 0, info.vocab_size)
+    min_p = defaults.get("min_p", 0.0) if body.min_p is None else body.min_p
     if not 0 <= min_p <= 1:
         raise ApiError(400, f"min_p must be in [0, 1], got {min_p}", param="min_p")
     penalties = {}
@@ -181,7 +186,8 @@ def _sampling(body, max_tokens: int, logprobs: int | None, info: ModelInfo) -> S
         if not -2 <= value <= 2:
             raise ApiError(400, f"{name} must be in [-2, 2], got {value}", param=name)
         penalties[name] = value
-    repetition = 1.0 if body.repetition_penalty is None else body.repetition_penalty
+    repetition = defaults.get("repetition_penalty", 1.0) if body.repetition_penalty is None \
+        else body.repetition_penalty
     if not 0 < repetition <= 2:
         raise ApiError(400, f"repetition_penalty must be in (0, 2], got {repetition}", param="repetition_penalty")
     stop_ids = list(body.stop_token_ids or [])

@@ -18,6 +18,7 @@ import sys
 
 from pagedserve.services.api.app import ApiConfig, create_app
 from pagedserve.services.api.inputs import ModelInfo
+from pagedserve.shared.generation_defaults import generation_defaults
 from pagedserve.shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
 from pagedserve.shared.redis_connect import check_redis_url
 
@@ -95,8 +96,11 @@ def load_model_info(config: ApiConfig, tokenizer, max_model_len: int | None = No
     aliases = {config.model.lower(), config.served_name.lower()}
     if _is_smollm2(path):
         aliases |= {n.lower() for n in SMOLLM2_NAMES}
+    defaults = generation_defaults(path)
+    if defaults:  # as vLLM says it: a request's omitted fields take these
+        log.info("default sampling parameters from the model's generation_config.json: %s", defaults)
     return ModelInfo(served_name=config.served_name, max_model_len=max_len, vocab_size=tokenizer.vocab_size,
-                     aliases=aliases)
+                     aliases=aliases, sampling_defaults=defaults)
 
 
 def _is_smollm2(path: str) -> bool:
