@@ -20,7 +20,8 @@ HERE = Path(__file__).parent
 ATTENTION = HERE.parent / "attention"
 SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_prefill.cpp",
            "fused": HERE / "cpu_fused.cpp", "gemv": HERE / "cpu_gemv.cpp",
-           "gemv_f32": HERE / "cpu_gemv_f32.cpp", "head_argmax": HERE / "cpu_head_argmax.cpp"}
+           "gemv_f32": HERE / "cpu_gemv_f32.cpp", "head_argmax": HERE / "cpu_head_argmax.cpp",
+           "sample": HERE / "cpu_sample.cpp"}
 # torch rebuilds on a source or compile-line change only, so these headers' hash goes on the compile line
 HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h"],
            "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}

@@ -1,0 +1,184 @@
+// The sampler's random rows in one pass per row (sampling/sampler.py): temperature, top-k, top-p,
+// min-p, then an exponential race on counter-based noise. A row's token is a pure function of
+// its logits, its settings and its 64-bit key, whatever the batch.
+//
+// Race: token = argmax_v x_v - log(E_v), x = logits / temperature, E_v = -log(u_v) ~ Exp(1), the
+// log of argmax_v p_v / E_v. u_v = ((h >> 9) + 0.5) / 2**23 with h = mix32(mix32(v ^ key_lo) ^ key_hi):
+// the same integers, bit for bit, as sampling/noise.py. Logs are the vector logf of libmvec, within
+// a few float32 ulps of torch's, so only a near-tie of two scores can pick another token than there.
+// Filters (each off when its value is its identity, then no work is spent on it), in torch's order:
+// top-k keeps x >= the k-th largest (a heap, no sort); top-p keeps the smallest prefix of the
+// top-k-kept tokens by x descending whose probability reaches top_p (a bisection, then a sort of the
+// few tokens at the cut); min-p keeps x - max >= log(min_p).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr float kDropped = -INFINITY;
+constexpr float kLowest = -87.f;  // e^x is a normal float32 above this
+constexpr int64_t kSortedAtCut = 512;  // top-p sorts at most about this many tokens (more on ties)
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+inline float uniform(uint32_t v, uint32_t key_lo, uint32_t key_hi) {
+  const uint32_t h = mix32(mix32(v ^ key_lo) ^ key_hi);
+  return (static_cast<float>(h >> 9) + 0.5f) * (1.0f / 8388608.0f);  // exact: (0, 1)
+}
+
+// noise[v] = -log(u_v), Exp(1)
+void exponential_row(float* noise, int64_t V, uint64_t key) {
+  const uint32_t lo = static_cast<uint32_t>(key), hi = static_cast<uint32_t>(key >> 32);
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) noise[v] = -std::log(uniform(static_cast<uint32_t>(v), lo, hi));
+}
+
+float row_max(const float* x, int64_t V) {
+  float best = -INFINITY;
+#pragma omp simd reduction(max : best)
+  for (int64_t v = 0; v < V; ++v) best = std::max(best, x[v]);
+  return best;
+}
+
+// drops every x below the k-th largest (ties with it stay): one pass with a min-heap of the k largest
+void top_k(float* x, int64_t V, int64_t k, std::vector<float>& heap) {
+  heap.assign(x, x + k);
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int64_t v = k; v < V; ++v) {
+    if (x[v] <= heap.front()) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+    heap.back() = x[v];
+    std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+  }
+  const float kth = heap.front();
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) x[v] = x[v] < kth ? kDropped : x[v];
+}
+
+float mass_from(const float* x, const float* weight, int64_t V, float t) {  // the weight of x >= t
+  float mass = 0.f;
+#pragma omp simd reduction(+ : mass)
+  for (int64_t v = 0; v < V; ++v) mass += x[v] >= t ? weight[v] : 0.f;
+  return mass;
+}
+
+// keeps the smallest prefix (x descending, then index) whose mass reaches p: a token stays while the
+// mass before it is below p, so the first always stays. Bisection on a threshold keeps mass(x >= lo)
+// >= p * total > mass(x >= hi): every x >= hi stays, every x < lo goes, and only the few tokens in
+// [lo, hi) are sorted. Weights below e^kLowest count as 0, hence the first lo.
+void top_p(float* x, int64_t V, float p, float max_x, std::vector<float>& weight, std::vector<int32_t>& order) {
+  weight.resize(V);
+  float total = 0.f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t v = 0; v < V; ++v) {  // exp of the clamped difference: no lane takes libmvec's slow path
+    const float d = x[v] - max_x;
+    weight[v] = d > kLowest ? std::exp(std::max(d, kLowest)) : 0.f;
+    total += weight[v];
+  }
+  const float target = p * total;
+  float lo = max_x + kLowest, hi = max_x + 1.f;
+  for (int step = 0; step < 64; ++step) {
+    const float low = lo, high = hi, mid = 0.5f * (lo + hi);  // locals: the loop vectorizes
+    const float* w = weight.data();
+    int64_t inside = 0;
+    float mass = 0.f;  // of x >= mid
+#pragma omp simd reduction(+ : inside, mass)
+    for (int64_t v = 0; v < V; ++v) {
+      inside += x[v] >= low && x[v] < high;
+      mass += x[v] >= mid ? w[v] : 0.f;
+    }
+    if (inside <= kSortedAtCut || mid <= lo || mid >= hi) break;
+    if (mass >= target) lo = mid; else hi = mid;
+  }
+  order.clear();
+  for (int64_t v = 0; v < V; ++v)
+    if (x[v] >= lo && x[v] < hi) order.push_back(static_cast<int32_t>(v));
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  float before = mass_from(x, weight.data(), V, hi);
+  for (int32_t v : order) {
+    if (before >= target) x[v] = kDropped;
+    before += weight[v];
+  }
+  const float low = lo;
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) x[v] = x[v] < low ? kDropped : x[v];
+}
+
+int64_t race(const float* x, float* score, int64_t V, uint64_t key) {
+  exponential_row(score, V, key);
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) score[v] = x[v] - std::log(score[v]);
+  const float best = row_max(score, V);
+  int64_t at = 0;
+  while (at < V - 1 && score[at] != best) ++at;
+  return at;
+}
+
+}  // namespace
+
+// logits [N, V] float32; temperature (> 0), top_p, min_p [N] float32; top_k, keys [N] int64 -> tokens [N]
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor top_k_, torch::Tensor top_p_,
+                          torch::Tensor min_p_, torch::Tensor keys) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.stride(1) == 1,
+              "sample_rows logits: [N, V] float32, contiguous rows");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  auto f32 = [&](const torch::Tensor& t) { return t.to(torch::kFloat).contiguous(); };
+  auto i64 = [&](const torch::Tensor& t) { return t.to(torch::kLong).contiguous(); };
+  const auto temp = f32(temperature), tp = f32(top_p_), mp = f32(min_p_);
+  const auto tk = i64(top_k_), key = i64(keys);
+  TORCH_CHECK(temp.numel() == N && tp.numel() == N && mp.numel() == N && tk.numel() == N && key.numel() == N,
+              "sample_rows: one setting of each kind per row");
+  auto out = torch::empty({N}, torch::kLong);
+  int64_t* tokens = out.data_ptr<int64_t>();
+  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> x(V), score(V), scratch;
+    std::vector<int32_t> order;
+    for (int64_t n = begin; n < end; ++n) {
+      const float* row = logits.data_ptr<float>() + n * logits.stride(0);
+      const float t = temp.data_ptr<float>()[n];
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) x[v] = row[v] / t;
+      const int64_t k = tk.data_ptr<int64_t>()[n];
+      if (k > 0 && k < V) top_k(x.data(), V, k, scratch);
+      const float p = tp.data_ptr<float>()[n], min_p = mp.data_ptr<float>()[n];
+      if (p < 1.f || min_p > 0.f) {
+        const float max_x = row_max(x.data(), V);
+        if (p < 1.f) top_p(x.data(), V, p, max_x, scratch, order);
+        if (min_p > 0.f) {
+          const float floor = max_x + std::log(min_p);
+#pragma omp simd
+          for (int64_t v = 0; v < V; ++v) x[v] = x[v] < floor ? kDropped : x[v];
+        }
+      }
+      tokens[n] = race(x.data(), score.data(), V, static_cast<uint64_t>(key.data_ptr<int64_t>()[n]));
+    }
+  });
+  return out;
+}
+
+// keys [N] int64 -> [N, V] float32 Exp(1) noise, the race's (for tests against sampling/noise.py)
+torch::Tensor exponential_noise(torch::Tensor keys, int64_t V) {
+  const auto key = keys.to(torch::kLong).contiguous();
+  auto out = torch::empty({key.numel(), V}, torch::kFloat);
+  for (int64_t n = 0; n < key.numel(); ++n)
+    exponential_row(out.data_ptr<float>() + n * V, V, static_cast<uint64_t>(key.data_ptr<int64_t>()[n]));
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sample_rows", &sample_rows, "filters and an exponential race on counter-based noise, a row at a time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("exponential_noise", &exponential_noise, "the race's Exp(1) noise of each key over V tokens",
+        py::call_guard<py::gil_scoped_release>());
+}
