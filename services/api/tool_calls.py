@@ -49,7 +49,8 @@ def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
     if choice == "required":
         calls = {"type": "array", "minItems": 1, "items": {"anyOf": [_call_schema(f) for f in functions]}}
         return ToolUse("required", functions), json_schema_guide(calls, "tools")
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
         raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
                        "'function': {'name': ...}}", param="tool_choice")
@@ -107,14 +108,16 @@ def template_messages(messages: list[dict], body, use: ToolUse | None, native: b
 
 
 def _template_call(call) -> dict:
-    function = (call.get("function") or {}) if isinstance(call, dict) else {}
+    function = call.get("function") if isinstance(call, dict) else None
+    function = function if isinstance(function, dict) else {}
     arguments = function.get("arguments", "{}")
     try:
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
         raise ApiError(400, "an assistant message's tool_calls[].function.arguments is not JSON",
                        param="messages") from None
-    return {"type": "function", "function": {"name": function.get("name", ""), "arguments": arguments}}
+    name = function.get("name")
+    return {"type": "function", "function": {"name": name if isinstance(name, str) else "", "arguments": arguments}}
 
 
 def _system_prompt(use: ToolUse) -> str:

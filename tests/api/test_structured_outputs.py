@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedserve.services.api import tool_calls
 from pagedserve.services.api.protocol import ApiError
@@ -124,3 +126,31 @@ def test_an_unparsable_assistant_call_is_400(tokenizer):
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{nope"}}]}]
     error = _error(tokenizer, {"messages": messages})
     assert isinstance(error, ApiError) and error.param == "messages"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                        st.sampled_from(["type", "function", "name", "schema", "json_schema", "json", "regex",
+                                         "choice", "parameters", "properties", "items", "enum", "arguments"]),
+                        inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(field=st.sampled_from(["response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                              "guided_grammar", "tools", "tool_choice"]), value=JSON)
+def test_any_value_of_any_field_is_served_or_a_400(tokenizer, field, value):
+    try:
+        _prepare(tokenizer, {"messages": CHAT, field: value, "tools": [WEATHER]} if field == "tool_choice"
+                 else {"messages": CHAT, field: value})
+    except ApiError as e:
+        assert e.status == 400
+
+
+@settings(max_examples=100, deadline=None)
+@given(calls=st.lists(JSON, max_size=3))
+def test_any_assistant_tool_calls_are_served_or_a_400(tokenizer, calls):
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "tool_calls": calls}]
+    try:
+        _prepare(tokenizer, {"messages": messages, "tools": [WEATHER]})
+    except ApiError as e:
+        assert e.status == 400
