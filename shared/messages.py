@@ -189,6 +189,11 @@ class StepResult:
     worker_id: str = ""  # who ran it: the results stream is shared by every worker
     num_tier_loaded_blocks: int = 0  # loaded from the offload tier for this step
     num_tier_missed_blocks: int = 0  # planned loads the tier could not give: computed instead
+    tier_load_seconds: float = 0.0  # waiting on the tier's MGET for this step
+    tier_loaded_bytes: int = 0
+    num_tier_stored_blocks: int = 0  # writes to the tier finished since the last result
+    tier_stored_bytes: int = 0
+    tier_store_seconds: float = 0.0  # their pipelines' time, off the step's critical path
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
 
 

@@ -52,6 +52,10 @@ class StatsCollector:
         yield _per_worker(GaugeMetricFamily(PREFIX + "kv_cache_cached_free_blocks", "Blocks nobody holds that still "
                                             "cache a prefix (evicted least recently freed first).", labels=["worker"]),
                           _number(kv, "num_cached_free_blocks"), kv_workers, "num_cached_free_blocks")
+        for name, doc, key in (("kv_offload_usage_perc", "KV offload tier usage: bytes held / its budget.", "tier_usage"),
+                               ("kv_offload_used_bytes", "Bytes of KV blocks the offload tier holds.", "tier_used_bytes"),
+                               ("kv_offload_blocks", "KV blocks the offload tier holds.", "tier_num_blocks")):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=_number(kv, key))
         counters = (  # name, doc, blob, key in the blob and in its per-worker blobs
             ("prefix_cache_queries", "Prefix cache queries, in tokens.", kv, "prefix_cache_queries"),
             ("prefix_cache_hits", "Prefix cache hits, in tokens.", kv, "prefix_cache_hits"),
@@ -64,6 +68,23 @@ class StatsCollector:
              "num_prefix_cache_resets"),
             ("generation_tokens", "Generation tokens produced.", sched, "generation_tokens_total"),
             ("num_preemptions", "Cumulative preemptions.", sched, "num_preemptions_total"),
+            ("prefix_cache_offload_hits", "Prefix cache hits from the KV offload tier, in tokens (part of "
+             "prefix_cache_hits; the rest are the worker pool's).", kv, "prefix_cache_tier_hits"),
+            ("kv_offload_loaded_blocks", "Blocks loaded from the offload tier into a pool.", sched,
+             "num_tier_loaded_blocks_total"),
+            ("kv_offload_loaded_bytes", "Bytes loaded from the offload tier.", sched, "tier_loaded_bytes_total"),
+            ("kv_offload_load_seconds", "Seconds workers waited on offload tier loads.", sched,
+             "tier_load_seconds_total"),
+            ("kv_offload_missed_blocks", "Planned offload tier loads that failed: computed instead.", sched,
+             "num_tier_missed_blocks_total"),
+            ("kv_offload_stored_blocks", "Blocks written to the offload tier.", sched, "num_tier_stored_blocks_total"),
+            ("kv_offload_stored_bytes", "Bytes written to the offload tier.", sched, "tier_stored_bytes_total"),
+            ("kv_offload_store_seconds", "Seconds of offload tier writes (off the step's path).", sched,
+             "tier_store_seconds_total"),
+            ("kv_offload_evictions", "Offload tier blocks evicted for room (LRU).", kv, "tier_num_evicted"),
+            ("resumed_requests", "Preempted or moved requests admitted again.", sched, "num_resumed_total"),
+            ("resumed_recomputed_tokens", "Known tokens resumed requests computed again (neither tier had "
+             "them).", sched, "num_resumed_recomputed_tokens_total"),
         )
         for name, doc, blob, key in counters:
             workers = sched_workers if blob is sched else kv_workers

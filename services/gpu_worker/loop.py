@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import time
 import uuid
 
 from pagedserve.services.gpu_worker import tier_blocks
@@ -37,6 +38,7 @@ class WorkerLoop:
         self.tier_namespace = tier_blocks.pool_namespace(model, kv_caches, worker.block_size)
         self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
         self.tier_writes: set[asyncio.Task] = set()  # stores in flight, off the step's critical path
+        self.tier_stored = tier_blocks.StoreTally()
 
     async def run(self, stop: asyncio.Event) -> int:
         plans = self.keys.worker_plan(self.worker_id)
@@ -133,18 +135,29 @@ class WorkerLoop:
         for request_id, why in drop_bad_requests(plan, self.worker):
             log.error("step %d: request %s dropped from the plan: %s", plan.step_id, request_id, why)
         try:
+            started = time.perf_counter()
             blobs = await kv_tier.load_blocks(self.r, self.keys, self.tier_namespace,
                                               tier_blocks.hashes_to_load(plan), TIER_LOAD_TIMEOUT_S)
+            load_seconds = time.perf_counter() - started if blobs else 0.0
             result, moved = await asyncio.get_running_loop().run_in_executor(
                 self.compute, tier_blocks.execute, self.worker, plan, blobs)
+            result.tier_load_seconds = load_seconds
+            result.tier_loaded_bytes = result.num_tier_loaded_blocks * self.tier_block_bytes
+            self.tier_stored.take_into(result)
             if moved.stores:
-                task = asyncio.create_task(kv_tier.store_blocks(self.r, self.keys, self.tier_namespace, moved.stores))
+                task = asyncio.create_task(self._store(moved.stores))
                 self.tier_writes.add(task)
                 task.add_done_callback(self.tier_writes.discard)
             return result
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)
             return StepResult(plan.step_id)
+
+
+    async def _store(self, blocks: list[tuple[bytes, bytes]]) -> None:
+        started = time.perf_counter()
+        if await kv_tier.store_blocks(self.r, self.keys, self.tier_namespace, blocks):
+            self.tier_stored.add(blocks, time.perf_counter() - started)
 
 
 def drop_bad_requests(plan: StepPlan, worker) -> list[tuple[str, str]]:

@@ -51,6 +51,25 @@ class TierStep:
     stores: list[tuple[bytes, bytes]] = field(default_factory=list)  # (hash, contents)
 
 
+@dataclass
+class StoreTally:
+    """Writes finished since the last StepResult took them."""
+
+    num_blocks: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, blocks: list[tuple[bytes, bytes]], seconds: float) -> None:
+        self.num_blocks += len(blocks)
+        self.num_bytes += sum(len(contents) for _h, contents in blocks)
+        self.seconds += seconds
+
+    def take_into(self, result: StepResult) -> None:
+        result.num_tier_stored_blocks, result.tier_stored_bytes = self.num_blocks, self.num_bytes
+        result.tier_store_seconds = self.seconds
+        self.num_blocks, self.num_bytes, self.seconds = 0, 0, 0.0
+
+
 def hashes_to_load(plan: StepPlan) -> list[bytes]:
     return [block_hash for new in plan.new_requests for _index, block_hash in new.tier_loads]
 

@@ -260,6 +260,11 @@ class Scheduler:
         sampled = self._in_flight[0].sampled_tokens(result)
         self._counters.num_tier_loaded_blocks_total += result.num_tier_loaded_blocks
         self._counters.num_tier_missed_blocks_total += result.num_tier_missed_blocks
+        self._counters.tier_load_seconds_total += result.tier_load_seconds
+        self._counters.tier_loaded_bytes_total += result.tier_loaded_bytes
+        self._counters.tier_stored_bytes_total += result.tier_stored_bytes
+        self._counters.num_tier_stored_blocks_total += result.num_tier_stored_blocks
+        self._counters.tier_store_seconds_total += result.tier_store_seconds
         in_flight = self._in_flight.popleft()
         deltas, self._abort_deltas = self._abort_deltas, []
         finished: list[Request] = []

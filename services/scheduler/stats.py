@@ -19,6 +19,11 @@ class SchedulerStats:
     num_resumed_recomputed_tokens_total: int = 0  # of their known tokens, those neither pool nor tier had
     num_tier_loaded_blocks_total: int = 0  # blocks the worker loaded from the offload tier
     num_tier_missed_blocks_total: int = 0  # planned loads it could not make: computed instead
+    tier_load_seconds_total: float = 0.0
+    tier_loaded_bytes_total: int = 0
+    num_tier_stored_blocks_total: int = 0
+    tier_stored_bytes_total: int = 0
+    tier_store_seconds_total: float = 0.0
 
 
 @dataclass
@@ -35,6 +40,11 @@ class SchedulerCounters:
     num_resumed_recomputed_tokens_total: int = 0
     num_tier_loaded_blocks_total: int = 0
     num_tier_missed_blocks_total: int = 0
+    tier_load_seconds_total: float = 0.0
+    tier_loaded_bytes_total: int = 0
+    num_tier_stored_blocks_total: int = 0
+    tier_stored_bytes_total: int = 0
+    tier_store_seconds_total: float = 0.0
 
     def count_computed(self, request, num_scheduled: int) -> None:
         start = request.num_computed_tokens
@@ -55,4 +65,9 @@ class SchedulerCounters:
             num_resumed_recomputed_tokens_total=self.num_resumed_recomputed_tokens_total,
             num_tier_loaded_blocks_total=self.num_tier_loaded_blocks_total,
             num_tier_missed_blocks_total=self.num_tier_missed_blocks_total,
+            tier_load_seconds_total=self.tier_load_seconds_total,
+            tier_loaded_bytes_total=self.tier_loaded_bytes_total,
+            tier_stored_bytes_total=self.tier_stored_bytes_total,
+            num_tier_stored_blocks_total=self.num_tier_stored_blocks_total,
+            tier_store_seconds_total=self.tier_store_seconds_total,
         )

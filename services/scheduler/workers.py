@@ -24,7 +24,9 @@ log = logging.getLogger("pagedserve.scheduler")
 
 COUNTERS = ("num_preemptions_total", "num_prompt_tokens_total", "num_computed_prompt_tokens_total",
             "num_cached_tokens_total", "num_generation_tokens_total", "num_finished_total", "num_resumed_total",
-            "num_resumed_recomputed_tokens_total", "num_tier_loaded_blocks_total", "num_tier_missed_blocks_total")
+            "num_resumed_recomputed_tokens_total", "num_tier_loaded_blocks_total", "num_tier_missed_blocks_total",
+            "tier_load_seconds_total", "num_tier_stored_blocks_total", "tier_store_seconds_total",
+            "tier_loaded_bytes_total", "tier_stored_bytes_total")
 
 
 @dataclass
