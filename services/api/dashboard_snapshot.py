@@ -11,7 +11,8 @@ SCHEDULER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preempt
                     "generation_tokens_total", "prompt_tokens_total", "num_finished_total")
 WORKER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total")
 KVSTORE_FIELDS = ("num_blocks", "num_held_blocks", "num_free_blocks", "num_cached_blocks", "num_cached_free_blocks",
-                  "usage", "prefix_caching", "prefix_cache_queries", "prefix_cache_hits", "integrity_ok")
+                  "usage", "prefix_caching", "prefix_cache_queries", "prefix_cache_hits", "integrity_ok",
+                  "prefix_cache_tier_hits", "tier_num_blocks", "tier_usage", "tier_capacity_bytes")
 
 
 def _plain(value):
