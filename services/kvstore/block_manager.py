@@ -8,10 +8,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from pagedserve.services.kvstore.alloc_step import run_step
-from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
 from pagedserve.services.kvstore.block_pool import BlockPool
 from pagedserve.services.kvstore.block_table import BlockTable, num_blocks_for
 from pagedserve.services.kvstore.tier_link import TierLink
+from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import KEY_BYTES, AllocReply, AllocRequest
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedserve.services.kvstore.block import KVBlock
-from pagedserve.services.kvstore.block_hash import ROOT_HASH, hash_block
+from pagedserve.shared.block_hash import ROOT_HASH, hash_block
 
 
 @dataclass

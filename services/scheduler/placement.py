@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
+from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import KEY_BYTES
 
 ROUTERS = ("prefix", "round-robin")

@@ -23,9 +23,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedserve.services.kvstore.block_hash import hash_full_blocks
 from pagedserve.services.kvstore.block_manager import BlockManager
 from pagedserve.services.kvstore.block_table import num_blocks_for
+from pagedserve.shared.block_hash import hash_full_blocks
 from pagedserve.shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocCandidate, AllocRequest, Fork
 
 # few distinct tokens and a shared stem, so prompts often share prefixes

@@ -3,8 +3,8 @@
 import hashlib
 import struct
 
-from pagedserve.services.kvstore.block_hash import ROOT_HASH, hash_block, hash_full_blocks, root_hash
 from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.block_hash import ROOT_HASH, hash_block, hash_full_blocks, root_hash
 from pagedserve.shared.messages import ALLOC_OK, ALLOC_PREEMPTED
 from tests.kvstore.factories import make_manager, prompt, running, statuses, step, waiting
 

@@ -4,8 +4,8 @@ the budget evicts least recently used blocks, and a reset or a lost worker ends 
 
 from __future__ import annotations
 
-from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
 from pagedserve.services.kvstore.worker_pools import WorkerPools
+from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import AllocCandidate, AllocRequest, WorkerHello
 
 BLOCK_BYTES = 100

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.services.kvstore.block_hash import hash_full_blocks, root_hash
+from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import SamplingParams
 from tests.services.conftest import TestApi, start_backend, wait_for
 
