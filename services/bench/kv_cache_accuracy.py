@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--skip-greedy", action="store_true")
+    parser.add_argument("--skip-teacher-forced", action="store_true")
     args = parser.parse_args(argv)
-    report = {"teacher_forced": teacher_forced(args)}
+    report = {} if args.skip_teacher_forced else {"teacher_forced": teacher_forced(args)}
     if not args.skip_greedy:
         report["greedy"] = greedy_divergence(args)
     print(json.dumps(report, indent=1))
