@@ -11,6 +11,7 @@ turns the cache off. Entries live in $PAGEDSERVE_CACHE_DIR/models, the MAX_ENTRI
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -139,19 +140,22 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device,
     """The prepared model: from the cache, else build(model, dtype, device), saved for the next
     start. One builder at a time: a second worker starting beside the first waits, then reads."""
     if not enabled(device):
-        with phases.phase("model", f"loading {model}: reading, dequantizing and packing the weights"):
-            return build(model, dtype, device)
+        return _build(model, dtype, device, build, phases, "")
     path = entry_path(model, dtype)
-    with exclusive(cache_dir() / "build.lock"):
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive(cache_dir() / "build.lock"))
+        except OSError as e:  # an unwritable cache directory: serve as with the cache off
+            log.warning("weight cache: %s unusable (%s: %s); preparing the model at every start", cache_dir(),
+                        type(e).__name__, e)
+            return _build(model, dtype, device, build, phases, "")
         if path.exists():
             try:
                 with phases.phase("model", f"loading {model} prepared for this CPU from {path}"):
                     return load(path)
             except Exception as e:  # a truncated or unreadable entry: rebuild it
                 log.warning("weight cache: cannot read %s (%s: %s); rebuilding", path, type(e).__name__, e)
-        with phases.phase("model", f"loading {model}: reading, dequantizing and packing the weights "
-                                   "(once: cached for later starts)"):
-            prepared = build(model, dtype, device)
+        prepared = _build(model, dtype, device, build, phases, " (once: cached for later starts)")
         try:
             with phases.phase("cache", f"saving the prepared model to {path}"):
                 save(prepared, path)
@@ -159,3 +163,8 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device,
         except Exception as e:  # unwritable or unpicklable: serve anyway, build again next start
             log.warning("weight cache: cannot save %s (%s: %s)", path, type(e).__name__, e)
         return prepared
+
+
+def _build(model: str, dtype: torch.dtype, device: torch.device, build, phases: StartupPhases, note: str):
+    with phases.phase("model", f"loading {model}: reading, dequantizing and packing the weights{note}"):
+        return build(model, dtype, device)

@@ -81,6 +81,14 @@ def test_off_builds_every_time(checkpoint, monkeypatch):
     assert not weight_cache.cache_dir().exists()
 
 
+def test_an_unusable_cache_directory_builds_and_serves(checkpoint, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path / "a-file"))  # models/ cannot be made in it
+    model, phases = _load(checkpoint, torch.float32)
+    assert set(phases.seconds) == {"model"}
+    assert torch.equal(_logits(model), _logits(build_model(checkpoint, torch.float32, CPU)))
+
+
 def test_only_the_newest_entries_are_kept(checkpoint, monkeypatch):
     monkeypatch.setattr(weight_cache, "MAX_ENTRIES", 1)
     _load(checkpoint, torch.float32)
