@@ -11,7 +11,14 @@ import torch
 from pagedserve.services.engine import Engine
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
-from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, hf_checkpoint, hf_greedy, save_checkpoint
+from tests.gpu_worker.family_checkpoints import (
+    FAMILIES,
+    GGUF_FAMILIES,
+    VOCAB,
+    hf_checkpoint,
+    hf_greedy,
+    save_checkpoint,
+)
 from tests.gpu_worker.family_gguf import write_gguf
 
 MAX_NEW_TOKENS = 32
@@ -71,7 +78,7 @@ def test_preempted_requests_match_transformers(family):
     engine.block_manager.check_integrity()
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, name):
     hf_model = hf_checkpoint(name)
     path = tmp_path / f"{name}.gguf"

@@ -22,7 +22,14 @@ FAMILIES = {
                dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=False, eos_token_id=[2, 3])),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
                 dict(head_dim=16, sliding_window=None, tie_word_embeddings=False)),
+    # Phi-4-mini's shape: fused qkv/gate_up, longrope, rope on 3/4 of each head
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(
+        max_position_embeddings=512, original_max_position_embeddings=128, tie_word_embeddings=False,
+        pad_token_id=0, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                         "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]})),
 }
+GGUF_FAMILIES = sorted(set(FAMILIES) - {"phi3"})  # phi3: HF folders only
 
 
 def hf_checkpoint(name: str, seed: int = 0, **overrides):

@@ -20,6 +20,7 @@ SWITCHES = {  # family -> (architecture, qkv_bias, o_bias, qk_norm, tied)
     "qwen3": ("qwen3", False, False, True, True),
     "llama3": ("llama", False, False, False, False),
     "mistral": ("mistral", False, False, False, False),
+    "phi3": ("phi3", False, False, False, False),
 }
 
 
@@ -80,10 +81,10 @@ BASE = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layer
             num_key_value_heads=1, max_position_embeddings=8192)
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "phi3", "falcon"])
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gemma2", "falcon"])
 def test_unsupported_architecture_is_refused_naming_the_supported(model_type):
     with pytest.raises(ValueError, match=rf"model_type '{model_type}' not supported \(supported: llama, mistral, "
-                                         r"qwen2, qwen3\)"):
+                                         r"qwen2, qwen3, phi3\)"):
         ModelConfig.from_hf_config({**BASE, "model_type": model_type})
 
 
@@ -98,5 +99,8 @@ def test_sliding_window_caps_the_context_where_a_layer_slides():
     assert context(model_type="qwen2", sliding_window=4096, layer_types=["full_attention"] * 2) == 8192
     assert context(model_type="qwen2", sliding_window=1024,
                    layer_types=["full_attention", "sliding_attention"]) == 1024
+    assert context(model_type="phi3", sliding_window=2047) == 2047  # Phi-3-mini-4k
+    longrope = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}
+    assert context(model_type="phi3", original_max_position_embeddings=4096, rope_parameters=longrope) == 4096
     with pytest.raises(ValueError, match="hidden_act 'gelu'"):
         ModelConfig.from_hf_config({**BASE, "model_type": "llama", "hidden_act": "gelu"})

@@ -12,7 +12,7 @@ import torch
 
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import GGUF_TYPES, dequantize_tensor, load_config, open_gguf
-from tests.gpu_worker.family_checkpoints import FAMILIES, VOCAB, hf_checkpoint
+from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint
 from tests.gpu_worker.family_gguf import write_gguf
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
 
@@ -20,7 +20,7 @@ WRITABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0")  # the types gguf's Python qua
 
 
 @pytest.mark.parametrize("type_name", WRITABLE)
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type_name):
     hf_model = hf_checkpoint(name)
     path = tmp_path / f"{name}-{type_name}.gguf"
@@ -87,3 +87,13 @@ def test_unsupported_quant_type_is_refused_at_start(tmp_path):
         load_config(str(path))
     with pytest.raises(ValueError, match="IQ4_NL"):
         build_model(str(path))
+
+
+def test_unsupported_gguf_architecture_is_refused_naming_the_supported(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "phi.gguf"), "phi3")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"GGUF architecture 'phi3' not supported \(supported: llama, qwen2, qwen3\)"):
+        load_config(str(tmp_path / "phi.gguf"))

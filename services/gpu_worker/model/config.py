@@ -3,6 +3,7 @@ GGUF header (same result)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,9 @@ from pagedserve.services.gpu_worker.model.families import family, gguf_family
 
 # rope types the model implements; anything else is refused at load time, not silently wrong.
 # freq_factors: a GGUF's rope_freqs tensor (llama3 scaling precomputed: inv_freq / factors)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
+# longrope (Phi-3): its short factors, the context capped to the original (longer ones switch
+# to the long factors for the whole sequence in transformers, which a paged cache cannot redo)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "longrope")
 
 
 @dataclass
@@ -33,6 +36,11 @@ class ModelConfig:
     qkv_bias: bool = False  # q/k/v projections add a bias
     o_bias: bool = False  # the output projection adds a bias
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before rope
+    partial_rotary_factor: float = 1.0  # rope turns the first rotary_dim dims of each head only
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -52,7 +60,8 @@ class ModelConfig:
             raise ValueError(f"hidden_act {config['hidden_act']!r} not supported for {fam.name} (silu)")
         attention_bias = bool(config.get("attention_bias"))
         num_heads = config["num_attention_heads"]
-        rope_theta, rope_scaling = _hf_rope(config)
+        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+        rope_theta, rope_scaling, partial_rotary_factor = _hf_rope(config)
         eos = _as_id_list(config.get("eos_token_id"))
         for token_id in _as_id_list((generation_config or {}).get("eos_token_id")):
             if token_id not in eos:
@@ -64,11 +73,11 @@ class ModelConfig:
             num_layers=config["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=_window_free_context(config),
+            max_position_embeddings=_served_context(config, fam, rope_scaling),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos,
@@ -76,6 +85,7 @@ class ModelConfig:
             qkv_bias=fam.qkv_bias or attention_bias,
             o_bias=attention_bias,
             qk_norm=fam.qk_norm,
+            partial_rotary_factor=partial_rotary_factor,
         )
 
     @staticmethod
@@ -136,16 +146,19 @@ def _field(reader, key: str, default: Any = KeyError) -> Any:
     return reader.fields[key].contents()
 
 
-def _window_free_context(config: dict[str, Any]) -> int:
-    """max_position_embeddings, capped to the sliding window where any layer slides: the paged
-    kernels attend to the whole context, which equals a window only while the context fits it."""
+def _served_context(config: dict[str, Any], fam, rope_scaling: dict | None) -> int:
+    """max_position_embeddings, capped to the sliding window where any layer slides (the paged
+    kernels attend to the whole context, which equals a window only while the context fits it)
+    and to longrope's original context (past it transformers re-ropes the whole sequence)."""
     context = config.get("max_position_embeddings", 2048)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
+        context = min(context, rope_scaling["original_max_position_embeddings"])
     window = config.get("sliding_window")
     layer_types = config.get("layer_types")
     if layer_types is not None:
         slides = "sliding_attention" in layer_types
-    else:  # Mistral's window applies to every layer; Qwen's only with use_sliding_window
-        slides = config.get("use_sliding_window", config.get("model_type") == "mistral")
+    else:  # Mistral's and Phi-3's window applies to every layer; Qwen's only with use_sliding_window
+        slides = config.get("use_sliding_window", fam.window_without_flag)
     return min(context, int(window)) if slides and window else context
 
 
@@ -155,8 +168,9 @@ def _as_id_list(value: int | list[int] | None) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _hf_rope(config: dict[str, Any]) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling or None) from `rope_parameters` or the older separate keys."""
+def _hf_rope(config: dict[str, Any]) -> tuple[float, dict | None, float]:
+    """(rope_theta, rope_scaling or None, partial_rotary_factor) from `rope_parameters` or the
+    older separate keys."""
     params = config.get("rope_parameters")
     if params is None:
         params = dict(config.get("rope_scaling") or {})
@@ -166,6 +180,13 @@ def _hf_rope(config: dict[str, Any]) -> tuple[float, dict | None]:
         params["rope_type"] = params.pop("type")
     params.pop("type", None)
     rope_theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    partial = float(params.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
     if params.get("rope_type", "default") == "default":
-        return rope_theta, None
-    return rope_theta, params
+        return rope_theta, None, partial
+    if params["rope_type"] == "longrope":  # transformers' defaults, from the unscaled context
+        original = params.get("original_max_position_embeddings") or config["original_max_position_embeddings"]
+        factor = params.get("factor") or config.get("max_position_embeddings", original) / original
+        if params.get("attention_factor") is None:
+            params["attention_factor"] = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        params["original_max_position_embeddings"] = original
+    return rope_theta, params, partial

@@ -16,13 +16,17 @@ class Family:
     # llama.cpp's converter interleaves Q/K rows for its GPT-J style rope on arch "llama" only;
     # NEOX-rope archs (qwen2, qwen3) keep HF's rotate-half rows
     gguf_rope_rows_permuted: bool = False
+    fused_projections: bool = False  # the checkpoint holds qkv_proj and gate_up_proj (Phi-3), not their parts
+    # config.json's sliding_window alone makes every layer slide (no use_sliding_window/layer_types)
+    window_without_flag: bool = False
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", "llama", gguf_rope_rows_permuted=True),
-    Family("mistral", "llama", gguf_rope_rows_permuted=True),
+    Family("mistral", "llama", gguf_rope_rows_permuted=True, window_without_flag=True),
     Family("qwen2", "qwen2", qkv_bias=True),
     Family("qwen3", "qwen3", qk_norm=True),
+    Family("phi3", "phi3", fused_projections=True, window_without_flag=True),  # HF folders only
 )}
 # a GGUF arch -> the family its tensors load as (Mistral GGUFs are arch "llama")
 GGUF_ARCHS: dict[str, Family] = {"llama": FAMILIES["llama"], "qwen2": FAMILIES["qwen2"], "qwen3": FAMILIES["qwen3"]}

@@ -11,9 +11,12 @@ from pagedserve.services.gpu_worker.attention.metadata import AttentionBackend, 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
 from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.services.gpu_worker.model.families import FAMILIES
 from pagedserve.services.gpu_worker.model.linear import PackedLinear
 from pagedserve.services.gpu_worker.model.rotary_embedding import RotaryEmbedding
 from pagedserve.services.gpu_worker.model.screened_head import ScreenedHead
+
+FUSED_FAMILIES = {name for name, f in FAMILIES.items() if f.fused_projections}
 
 
 def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
@@ -97,7 +100,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # per head, before rope (new contiguous tensors)
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused is not None and kv_cache.is_contiguous() and kv_cache.dtype == q.dtype:
+        if self.fused is not None and rotary.full and kv_cache.is_contiguous() and kv_cache.dtype == q.dtype:
             # rotary on q and k and the K/V writes into the pool, one pass per token (cpu_fused.cpp);
             # an int8 pool is written by the backend's write_kv, which quantizes each row it stores
             self.fused.rope_write_kv(q, k, v, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
@@ -212,10 +215,13 @@ class LlamaForCausalLM(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             attn, mlp = p + "self_attn.", p + "mlp."
-            qkv = [state[attn + f"{x}_proj.weight"] for x in "qkv"]
-            layer.qkv_proj.copy_(torch.cat(qkv, dim=0))
+            if self.config.architecture in FUSED_FAMILIES:  # the checkpoint's own [q; k; v] and [gate; up]
+                layer.qkv_proj.copy_(state[attn + "qkv_proj.weight"])
+                layer.gate_up_proj.copy_(state[mlp + "gate_up_proj.weight"])
+            else:
+                layer.qkv_proj.copy_(torch.cat([state[attn + f"{x}_proj.weight"] for x in "qkv"]))
+                layer.gate_up_proj.copy_(torch.cat([state[mlp + f"{x}_proj.weight"] for x in ("gate", "up")]))
             layer.o_proj.copy_(state[attn + "o_proj.weight"])
-            layer.gate_up_proj.copy_(torch.cat([state[mlp + "gate_proj.weight"], state[mlp + "up_proj.weight"]]))
             layer.down_proj.copy_(state[mlp + "down_proj.weight"])
             layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
@@ -233,8 +239,12 @@ def canonical_names(config: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
-    per_layer = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
-    per_layer += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    if config.architecture in FUSED_FAMILIES:
+        per_layer = ["self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+                     "mlp.down_proj.weight"]
+    else:
+        per_layer = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        per_layer += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
     per_layer += ["input_layernorm.weight", "post_attention_layernorm.weight"]
     if config.qkv_bias:
         per_layer += [f"self_attn.{x}_proj.bias" for x in "qkv"]

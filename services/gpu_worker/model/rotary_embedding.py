@@ -11,10 +11,13 @@ from pagedserve.services.gpu_worker.model.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """float32 [head_dim // 2]: the rotation speed of each dim pair, after rope_scaling."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    """float32 [rotary_dim // 2]: the rotation speed of each dim pair, after rope_scaling."""
+    dim = config.rotary_dim
     scaling = config.rope_scaling
+    if scaling is not None and scaling["rope_type"] == "longrope":  # transformers' own expression
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * config.rope_theta**exponents)
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if scaling is None:
         return inv_freq
     if scaling["rope_type"] == "linear":
@@ -41,16 +44,19 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         inv_freq = rope_inv_freq(config)
         positions = torch.arange(config.max_position_embeddings, dtype=torch.int64).float()
-        angles = positions[:, None] * inv_freq[None, :]  # [max_pos, head_dim // 2] float32
+        angles = positions[:, None] * inv_freq[None, :]  # [max_pos, rotary_dim // 2] float32
+        scale = (config.rope_scaling or {}).get("attention_factor", 1.0)  # longrope's
+        # the fused kernels turn whole heads: a partial rotary (Phi-4-mini) takes the torch path
+        self.full = config.rotary_dim == config.head_dim
         # not persistent: derived from the config, never part of a checkpoint
-        self.register_buffer("cos", angles.cos().to(device), persistent=False)
-        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+        self.register_buffer("cos", (angles.cos() * scale).to(device), persistent=False)
+        self.register_buffer("sin", (angles.sin() * scale).to(device), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, fused=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64 [T]; query [T, H, D], key [T, Hkv, D] -> rotated (in place when fused)."""
-        if fused is not None:
+        if fused is not None and self.full:
             fused.rotary(query, positions, self.cos, self.sin)
             fused.rotary(key, positions, self.cos, self.sin)
             return query, key
@@ -60,5 +66,7 @@ class RotaryEmbedding(torch.nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate-half on the first 2 * cos.shape[-1] dims of each head; the rest pass through."""
+    rotary_dim = 2 * cos.shape[-1]
+    x1, x2 = x[..., :rotary_dim].chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rotary_dim:]), dim=-1)
