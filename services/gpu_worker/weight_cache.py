@@ -6,7 +6,8 @@ source of the model and kernel code and the PAGEDSERVE_* knobs that change prepa
 stale entry is never read: it is simply not found. oneDNN's packed weights are opaque (no
 storage): they are saved as their plain weight and packed again on load (a fraction of a second).
 Any failure to read or write an entry falls back to building the model; PAGEDSERVE_WEIGHT_CACHE=0
-turns the cache off. Entries live in $PAGEDSERVE_CACHE_DIR/models, the MAX_ENTRIES newest kept.
+turns the cache off. Entries live in $PAGEDSERVE_CACHE_DIR/models, the most recently used kept
+while they fit MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pagedserve.shared.tokenizer import _cache_root as cache_root
 
 log = logging.getLogger("pagedserve.worker")
 
-MAX_ENTRIES = 4
+MAX_BYTES = 4 << 30  # SmolLM2's entry: 562 MiB in bfloat16
 FORMAT = 1  # bump when what an entry holds changes
 GPU_WORKER = Path(__file__).parent
 # code whose change can change a prepared model: every source file under these folders
@@ -122,9 +123,17 @@ def save(model: torch.nn.Module, path: Path) -> None:
         os.replace(tmp, path)  # readers see a whole entry or none
     finally:
         tmp.unlink(missing_ok=True)
+    prune()
+
+
+def prune() -> None:
+    """Keeps the most recently used entries while they fit MAX_BYTES together (the newest always)."""
     entries = sorted(cache_dir().glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in entries[MAX_ENTRIES:]:
-        old.unlink(missing_ok=True)
+    total = 0
+    for i, entry in enumerate(entries):
+        total += entry.stat().st_size
+        if i and total > MAX_BYTES:
+            entry.unlink(missing_ok=True)
 
 
 def load(path: Path) -> torch.nn.Module:

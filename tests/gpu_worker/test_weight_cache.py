@@ -89,8 +89,8 @@ def test_an_unusable_cache_directory_builds_and_serves(checkpoint, tmp_path, mon
     assert torch.equal(_logits(model), _logits(build_model(checkpoint, torch.float32, CPU)))
 
 
-def test_only_the_newest_entries_are_kept(checkpoint, monkeypatch):
-    monkeypatch.setattr(weight_cache, "MAX_ENTRIES", 1)
+def test_only_the_newest_entries_that_fit_are_kept(checkpoint, monkeypatch):
+    monkeypatch.setattr(weight_cache, "MAX_BYTES", 1)  # less than one entry: only the newest stays
     _load(checkpoint, torch.float32)
     _load(checkpoint, torch.bfloat16)
     assert [p.name for p in weight_cache.cache_dir().glob("*.pt")] == [
