@@ -115,10 +115,14 @@ void top_p(float* x, int64_t V, float p, float max_x, std::vector<float>& weight
   for (int64_t v = 0; v < V; ++v) x[v] = x[v] < low ? kDropped : x[v];
 }
 
-int64_t race(const float* x, float* score, int64_t V, uint64_t key) {
-  exponential_row(score, V, key);
+// argmax_v x[v] / t - log(E_v) in one pass (the noise is never stored); first index on ties
+int64_t race(const float* x, float t, float* score, int64_t V, uint64_t key) {
+  const uint32_t lo = static_cast<uint32_t>(key), hi = static_cast<uint32_t>(key >> 32);
 #pragma omp simd
-  for (int64_t v = 0; v < V; ++v) score[v] = x[v] - std::log(score[v]);
+  for (int64_t v = 0; v < V; ++v) {
+    const float noise = -std::log(uniform(static_cast<uint32_t>(v), lo, hi));
+    score[v] = x[v] / t - std::log(noise);
+  }
   const float best = row_max(score, V);
   int64_t at = 0;
   while (at < V - 1 && score[at] != best) ++at;
@@ -147,11 +151,16 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
     for (int64_t n = begin; n < end; ++n) {
       const float* row = logits.data_ptr<float>() + n * logits.stride(0);
       const float t = temp.data_ptr<float>()[n];
+      const uint64_t row_key = static_cast<uint64_t>(key.data_ptr<int64_t>()[n]);
+      const int64_t k = tk.data_ptr<int64_t>()[n];
+      const float p = tp.data_ptr<float>()[n], min_p = mp.data_ptr<float>()[n];
+      if ((k <= 0 || k >= V) && p >= 1.f && min_p <= 0.f) {  // no filter: the race reads the row
+        tokens[n] = race(row, t, score.data(), V, row_key);
+        continue;
+      }
 #pragma omp simd
       for (int64_t v = 0; v < V; ++v) x[v] = row[v] / t;
-      const int64_t k = tk.data_ptr<int64_t>()[n];
       if (k > 0 && k < V) top_k(x.data(), V, k, scratch);
-      const float p = tp.data_ptr<float>()[n], min_p = mp.data_ptr<float>()[n];
       if (p < 1.f || min_p > 0.f) {
         const float max_x = row_max(x.data(), V);
         if (p < 1.f) top_p(x.data(), V, p, max_x, scratch, order);
@@ -161,7 +170,7 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
           for (int64_t v = 0; v < V; ++v) x[v] = x[v] < floor ? kDropped : x[v];
         }
       }
-      tokens[n] = race(x.data(), score.data(), V, static_cast<uint64_t>(key.data_ptr<int64_t>()[n]));
+      tokens[n] = race(x.data(), 1.f, score.data(), V, row_key);
     }
   });
   return out;
