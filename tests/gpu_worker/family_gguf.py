@@ -71,7 +71,8 @@ def write_gguf(hf_model, path, type_name: str = "F32") -> dict[str, torch.Tensor
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_vocab_size(cfg.vocab_size)
-    writer.add_bos_token_id(cfg.bos_token_id)
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(cfg.bos_token_id)
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     writer.add_eos_token_id(eos[0])
     if cfg.rope_parameters.get("rope_type") == "llama3":
