@@ -97,3 +97,22 @@ def test_a_prefix_stays_cached_across_a_restart_of(small_pool_stack, service):
     assert after["prefix_cache_tier_hits"] - (before["prefix_cache_tier_hits"] if service == "scheduler" else 0) \
         == 5 * BLOCK
     api.close()
+
+
+def test_blocks_lost_from_the_tier_are_computed_instead_and_stored_again(small_pool_stack):
+    stack = small_pool_stack
+    api = TestApi(stack)
+    tokens = prompt(6, 100)
+    computed = run(api, tokens)
+    wait_for(lambda: num_stored(stack, tokens) == 6, 30, "the prompt's 6 full blocks written to the tier")
+    run(api, prompt(7, 200))  # pushes the prompt's blocks out of the pool
+    for h in hash_full_blocks(tokens, BLOCK, root_hash(("smollm2",))):
+        stack.redis.delete(*stack.redis.keys(f"{stack.keys.prefix}:kvtier:*:{h.hex()}"))
+    missed_before = (stack.stats("scheduler") or {}).get("num_tier_missed_blocks_total", 0)
+    assert run(api, tokens) == computed  # the kvstore still lists them: the worker computes them
+    missed = wait_for(lambda: (stack.stats("scheduler") or {}).get("num_tier_missed_blocks_total", 0)
+                      - missed_before, 30, "the scheduler to count the missed loads")
+    # the pool kept the first blocks (hits there, not stored again); those the tier missed are stored anew
+    assert 1 <= missed <= 6
+    wait_for(lambda: num_stored(stack, tokens) == missed, 30, "the computed blocks stored again")
+    api.close()
