@@ -126,3 +126,19 @@ def test_kill_9_under_up_loses_nothing(up, service):
     assert up.restarts()[service] == before + 1
     wait_for(up.kvstore_clean, 60, "the kvstore to hold no block")
     assert up.proc.poll() is None
+
+
+def test_a_child_that_keeps_crashing_stops_up_with_its_last_lines(up):
+    """Last in this file: it ends the stack. The worker killed each time it comes back: past
+    5 deaths within 120 s up gives up, names it with its last log lines and exits 1."""
+    for _ in range(10):
+        if up.proc.poll() is not None:
+            break
+        pid = up.pid("worker")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda pid=pid: up.proc.poll() is not None or up.pid("worker") != pid, 120, "a restart or up's end")
+    assert up.proc.wait(timeout=60) == 1
+    text = up.text()
+    assert re.search(r"worker keeps crashing \(exit -9, 6 deaths within 120 s\): giving up", text), text[-3000:]
+    assert "pagedserve up failed: worker keeps crashing (last exit -9)" in text
+    assert "--- last log lines of worker ---" in text
