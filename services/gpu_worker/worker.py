@@ -63,7 +63,8 @@ class Worker:
         with phases.phase("kv_pool", f"allocating the KV pool ({num_blocks} blocks)"):
             self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.requests: dict[str, _RequestState] = {}
-        self.grammars = Grammars(config.model, self.model_config.vocab_size, list(self.model_config.eos_token_ids))
+        self.grammars = Grammars(config.model, self.model_config.vocab_size, list(self.model_config.eos_token_ids),
+                                 overlap=self.device.type != "cpu")
         log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB); %s",
                  config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,
                  phases.summary())

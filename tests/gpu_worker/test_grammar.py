@@ -16,9 +16,9 @@ EOS, VOCAB = 2, 49152
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
 
 
-@pytest.fixture(scope="module")
-def grammars():
-    return Grammars("smollm2", VOCAB, [EOS])
+@pytest.fixture(scope="module", params=[True, False], ids=["beside-the-forward", "on-the-step-thread"])
+def grammars(request):
+    return Grammars("smollm2", VOCAB, [EOS], overlap=request.param)
 
 
 def _mask(grammars, sequences):

@@ -1,8 +1,8 @@
 """Structured outputs on the worker (xgrammar): one matcher per sequence, a token bitmask per step.
 
 Grammars compile on their own thread the moment a plan names them, once per (kind, spec) (cached),
-so a new schema never runs on the step's thread; a step's masks are filled on another thread while
-the model's forward runs, and joined just before sampling. A matcher is state that never travels:
+so a new schema never runs on the step's thread; on a GPU a step's masks are filled on another thread
+while the model's forward runs, and joined just before sampling (on a CPU, after the forward). A matcher is state that never travels:
 a sequence seen anew (new, resumed after a preemption, migrated to this worker, a fork's child)
 gets a fresh one that replays the tokens it generated so far. Once a grammar is complete only the
 stop tokens (the model's EOS) are allowed, so the request ends there as any other.
@@ -74,8 +74,11 @@ class SequenceGrammar:
 class Grammars:
     """The worker's compiler, its cache of compiled grammars and the two threads they run on."""
 
-    def __init__(self, model: str, vocab_size: int, stop_token_ids: list[int]):
+    def __init__(self, model: str, vocab_size: int, stop_token_ids: list[int], overlap: bool = True):
         self.model, self.vocab_size, self.stop_token_ids = model, vocab_size, list(stop_token_ids)
+        # masks beside the forward on a GPU; on a CPU the forward already keeps every core busy, and a
+        # third thread there only preempts its OpenMP threads: the step thread fills them after it
+        self.overlap = overlap
         self._compile_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._compiler: Future | None = None
@@ -106,12 +109,27 @@ class Grammars:
         self._compiled.move_to_end(key)
         return SequenceGrammar(compiled, output_token_ids)
 
-    def start_masks(self, grammars: list[SequenceGrammar | None]) -> Future | None:
+    def start_masks(self, grammars: list[SequenceGrammar | None]) -> Future | _Deferred | None:
         """The bitmask [rows, ceil(V/32)] int32 of a step's sampling rows (None where unconstrained),
-        filled on the mask thread; the Future gives (bitmask, constrained row indices). None: no row is."""
+        filled on the mask thread (overlap) or when asked for; its result() is (bitmask, constrained
+        row indices). None: no row is constrained."""
         if all(g is None for g in grammars):
             return None
+        if not self.overlap:
+            return _Deferred(grammars, self.vocab_size)
         return self._mask_thread.submit(_fill, grammars, self.vocab_size)
+
+
+class _Deferred:
+    """A step's masks filled on the step thread, the first time they are asked for."""
+
+    def __init__(self, grammars: list[SequenceGrammar | None], vocab_size: int):
+        self._args, self._result = (grammars, vocab_size), None
+
+    def result(self) -> tuple[torch.Tensor, list[int]]:
+        if self._result is None:
+            self._result = _fill(*self._args)
+        return self._result
 
 
 def _fill(grammars: list[SequenceGrammar | None], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
@@ -128,7 +146,7 @@ def _fill(grammars: list[SequenceGrammar | None], vocab_size: int) -> tuple[torc
     return bitmask, rows
 
 
-def apply_masks(logits: torch.Tensor, masks: Future | None) -> torch.Tensor:
+def apply_masks(logits: torch.Tensor, masks: Future | _Deferred | None) -> torch.Tensor:
     """The sampler's entry: logits [N, V] float32 with every token a row's grammar forbids at -inf."""
     if masks is None:
         return logits
