@@ -4,6 +4,7 @@ rope_freqs tensor, 1-D tensors kept F32), and the HF state the file really holds
 
 from __future__ import annotations
 
+import json
 import math
 
 import gguf
@@ -52,8 +53,26 @@ def _rope_freqs(cfg, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def write_gguf(hf_model, path, type_name: str = "F32") -> dict[str, torch.Tensor]:
-    """Write the GGUF (2-D weights as type_name); returns the HF-named float32 state it holds."""
+def _write_tokenizer(writer, tokenizer, eot_token_id: int | None) -> None:
+    """tokenizer.ggml.* as llama.cpp writes a byte-level BPE (model gpt2): tokens, types, merges."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    added = {a["id"]: a["content"] for a in spec["added_tokens"]}
+    tokens = {**{i: t for t, i in spec["model"]["vocab"].items()}, **added}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([tokens[i] for i in range(len(tokens))])
+    writer.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL
+                            for i in range(len(tokens))])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    writer.add_chat_template(tokenizer.chat_template)
+    if eot_token_id is not None:
+        writer.add_eot_token_id(eot_token_id)
+
+
+def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token_id: int | None = None
+               ) -> dict[str, torch.Tensor]:
+    """Write the GGUF (2-D weights as type_name; a transformers fast tokenizer's vocabulary and
+    chat template if given); returns the HF-named float32 state it holds."""
     cfg = hf_model.config
     arch = _ARCH[cfg.model_type]
     qtype = gguf.GGMLQuantizationType[type_name]
@@ -75,6 +94,8 @@ def write_gguf(hf_model, path, type_name: str = "F32") -> dict[str, torch.Tensor
         writer.add_bos_token_id(cfg.bos_token_id)
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     writer.add_eos_token_id(eos[0])
+    if tokenizer is not None:
+        _write_tokenizer(writer, tokenizer, eot_token_id)
     if cfg.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
     held = {}

@@ -12,7 +12,8 @@ import torch
 
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import GGUF_TYPES, dequantize_tensor, load_config, open_gguf
-from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint
+from pagedserve.shared.tokenizer import load_tokenizer
+from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint, save_servable
 from tests.gpu_worker.family_gguf import write_gguf
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
 
@@ -97,3 +98,23 @@ def test_unsupported_gguf_architecture_is_refused_naming_the_supported(tmp_path)
     writer.close()
     with pytest.raises(ValueError, match=r"GGUF architecture 'phi3' not supported \(supported: llama, qwen2, qwen3\)"):
         load_config(str(tmp_path / "phi.gguf"))
+
+
+def test_a_gguf_serves_its_own_tokenizer_template_and_eot(tmp_path, monkeypatch):
+    """A Qwen3 GGUF with tokenizer.ggml.* (eos <|endoftext|>, eot <|im_end|>): the tokenizer and
+    chat template transformers builds from it equal the folder's, and both ids stop a request."""
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    hf_model, hf_tokenizer = save_servable("qwen3", tmp_path / "folder")
+    path = tmp_path / "gguf" / "qwen3.gguf"
+    path.parent.mkdir()
+    write_gguf(hf_model, path, "Q8_0", tokenizer=hf_tokenizer, eot_token_id=2)
+    assert load_config(str(path)).eos_token_ids == [0, 2]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital?"}]
+    expected = list(hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    text = "héllo wörld 🎉 Paris"
+    for _ in ("cold", "cached"):
+        load_tokenizer.cache_clear()
+        tokenizer = load_tokenizer(str(path))
+        assert tokenizer.apply_chat_template(messages) == expected
+        assert tokenizer.encode(text) == hf_tokenizer.encode(text)
+        assert tokenizer.decode(tokenizer.encode(text)) == text
