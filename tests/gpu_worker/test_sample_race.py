@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.sampling.noise import exponential_noise, seeded_key
@@ -91,3 +93,21 @@ def test_race_tokens_serves_without_the_kernel(monkeypatch):
     logits = torch.randn(len(params), 300, generator=torch.Generator().manual_seed(2))
     keys = [seeded_key(p.seed, 4) for p in params]
     assert race_tokens(logits, params, keys).tolist() == torch_race(logits, params, keys).tolist()
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), position=st.integers(0, 10**6), temperature=st.floats(0.05, 4.0),
+       top_k=st.integers(0, 40), top_p=st.floats(0.01, 1.0), min_p=st.floats(0.0, 0.9),
+       scale=st.floats(0.1, 20.0), batch_at=st.integers(0, 3))
+def test_any_row_picks_a_kept_token_and_the_same_one_in_any_batch(seed, position, temperature, top_k, top_p,
+                                                                   min_p, scale, batch_at):
+    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    logits = torch.randn(4, 200, generator=torch.Generator().manual_seed(position % 997)) * scale
+    key = seeded_key(seed, position)
+    (alone,) = _kernel_tokens(logits[batch_at:batch_at + 1], [p], [key])
+    others = [SamplingParams(temperature=1.0, top_p=0.5, seed=1)] * 4
+    keys = [seeded_key(1, position)] * 4
+    params, keys[batch_at] = others[:batch_at] + [p] + others[batch_at + 1:], key
+    assert _kernel_tokens(logits, params, keys)[batch_at] == alone
+    assert torch.isfinite(filtered(logits[batch_at:batch_at + 1], [p])[0, alone])

@@ -61,4 +61,4 @@ def race_tokens(logits: torch.Tensor, params: list[SamplingParams], keys: list[i
     kernel = cpu_extensions.load("sample") if logits.device.type == "cpu" else None
     if kernel is None:
         return torch_race(logits, params, keys)
-    return kernel.sample_rows(logits.contiguous(), *row_settings(params), signed_keys(keys))
+    return kernel.sample_rows(logits.float().contiguous(), *row_settings(params), signed_keys(keys))
