@@ -52,7 +52,7 @@ def isolated_salt(salt: str) -> str:
     return f"{salt}/prompt-logprobs-{uuid.uuid4().hex}"
 
 
-def echoed_logprobs(request, gen, token_text) -> dict:
+def echoed_logprobs(request, gen, token_text, top_of) -> dict:
     """The prompt's part of a completion choice's logprobs (the first token has none)."""
     tokens, token_logprobs, top, offsets, offset = [], [], [], [], 0
     for i, token_id in enumerate(request.prompt_token_ids):
@@ -60,8 +60,7 @@ def echoed_logprobs(request, gen, token_text) -> dict:
         scored = gen.prompt_logprobs.get(i)
         tokens.append(text)
         token_logprobs.append(scored.logprob if scored else None)
-        top.append(None if scored is None else
-                   {token_text(gen.tokenizer, t): lp for t, lp in (scored.top_logprobs or [])[:gen.sampling.logprobs]})
+        top.append(None if scored is None else top_of(gen.tokenizer, scored, gen.sampling.logprobs))
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}

@@ -27,9 +27,10 @@ def _completion_choice(index: int, gen: Generation) -> dict:
     if prompt is not None and prompt.echo:
         text = prompt.text + text
         if scored is not None:
-            echoed = echoed_logprobs(gen.request, gen, _token_text)
+            echoed = echoed_logprobs(gen.request, gen, _token_text, completion_top)
             scored = {key: echoed[key] + scored[key] for key in scored}
-    choice = {"index": index, "text": text, "logprobs": scored, "finish_reason": gen.finish_reason}
+    choice = {"index": index, "text": text, "logprobs": scored, "finish_reason": gen.finish_reason,
+              "prompt_logprobs": None}  # vLLM's field: null unless asked
     if prompt is not None and prompt.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(gen.request, gen, _token_text)
     return choice
@@ -124,10 +125,18 @@ def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offs
         text = _token_text(tok, s.token_id)
         tokens.append(text)
         token_logprobs.append(s.logprob)
-        top.append({_token_text(tok, t): lp for t, lp in (s.top_logprobs or [])})  # logprobs 0: {}
+        top.append(completion_top(tok, s, gen.sampling.logprobs))
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def completion_top(tokenizer, scored: SampledToken, k: int) -> dict[str, float]:
+    """A completion token's top_logprobs as OpenAI gives them: the k most likely and the chosen
+    one (k or k + 1 entries; logprobs 0: the chosen alone)."""
+    top = {_token_text(tokenizer, t): lp for t, lp in (scored.top_logprobs or [])[:k]}
+    top.setdefault(_token_text(tokenizer, scored.token_id), scored.logprob)
+    return top
 
 
 def chat_logprobs(gen: Generation, logprobs: list[SampledToken]) -> dict | None:
