@@ -154,3 +154,28 @@ def test_any_assistant_tool_calls_are_served_or_a_400(tokenizer, calls):
         _prepare(tokenizer, {"messages": messages, "tools": [WEATHER]})
     except ApiError as e:
         assert e.status == 400
+
+
+QWEN_LIKE = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+             "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+             "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}"
+             "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+def test_a_template_that_takes_tools_renders_them_itself(tokenizer):
+    """Qwen2.5/Qwen3-style: tools and the assistant's calls (arguments as objects) go to the template."""
+    import copy
+
+    from pagedserve.shared.tokenizer import Tokenizer
+
+    hf = copy.deepcopy(tokenizer.hf)
+    hf.chat_template = QWEN_LIKE
+    native = Tokenizer(hf)
+    assert native.renders_tools and not tokenizer.renders_tools
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "cold"}]
+    request = _prepare(native, {"messages": messages, "tools": [WEATHER]})
+    prompt = native.decode(request.prompt_token_ids, skip_special_tokens=False)
+    assert "<tools>get_weather;</tools>" in prompt and '<tool_call>get_weather {"city": "Oslo"}</tool_call>' in prompt
+    assert "# Tools" not in prompt  # no system message of ours
