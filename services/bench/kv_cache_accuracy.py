@@ -30,7 +30,7 @@ HELD_OUT_MODULES = ("textwrap", "difflib", "heapq", "bisect", "fractions", "stat
 
 class FakeQuantBackend:
     """Wraps a backend: K/V rows are quantized to int8 and back (per_block None: not at all) before
-    they are stored in a float32 pool, which the attention reads in the model's dtype."""
+    they are stored in a pool wider than the model's dtype, which the attention reads in the model's dtype."""
 
     def __init__(self, inner, per_block: bool | None, block_size: int):
         self.inner, self.per_block, self.block_size, self.name = inner, per_block, block_size, inner.name
@@ -73,8 +73,9 @@ def logprobs(worker: Worker, token_ids: list[int], per_block: bool | None = Fals
     n, bs = len(token_ids), worker.block_size
     meta = AttentionMetadata.build([n], [n], [list(range((n + bs - 1) // bs))], bs)
     caches, backend = worker.pool.kv_caches, worker.backend
-    if simulate:  # a float32 pool: the fused rope+write kernel (model dtype only) stands aside
-        caches = [torch.zeros(c.shape, dtype=torch.float32) for c in caches]
+    if simulate:  # a wider pool than the model's dtype: the fused rope+write kernel (same dtype only) stands aside
+        wide = torch.float64 if worker.dtype == torch.float32 else torch.float32
+        caches = [torch.zeros(c.shape, dtype=wide) for c in caches]
         backend = FakeQuantBackend(backend, per_block, bs)
     hidden = worker.model(torch.tensor(token_ids), AttentionMetadata.positions(meta), caches, meta, backend)
     return torch.log_softmax(worker.model.compute_logits(hidden), dim=-1)
