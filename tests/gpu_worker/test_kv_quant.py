@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedserve.services.gpu_worker.attention import kv_quant
+from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
 from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
 from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
@@ -128,3 +129,14 @@ def test_int8_prefills_run_the_bf16_kernel_on_their_dequantized_blocks(block_siz
     p = backend._plan.kernel_prefills
     assert p is not None and backend._plan.prefills == []
     assert p.block_ids.numel() == len(set(p.block_ids.tolist()))  # each shared block dequantized once
+
+
+def test_copy_on_write_copies_int8_rows_with_their_scales():
+    meta, cache, q, k, v = int8_step(requests=[(1, 40)], block_size=16, num_heads=3, num_kv_heads=3, head_dim=64,
+                                     dtype=torch.bfloat16, seed=21)
+    src, dst = meta.block_tables[0, :2].tolist(), [cache.shape[1] - 1, cache.shape[1] - 2]
+    layers = [cache.clone(), cache.clone()]
+    copy_blocks(layers, list(zip(src, dst, strict=True)))
+    for layer in layers:
+        assert torch.equal(layer[:, dst], cache[:, src])
+        assert torch.equal(kv_quant.dequantize(layer[:, dst]), kv_quant.dequantize(cache[:, src]))
