@@ -55,7 +55,6 @@ class TierIndex:
         if key in self._entries:
             self._entries.move_to_end(key)
             return True
-        self._evicted.pop(key, None)  # stored again before its old contents were deleted: keep them
         victims: list[TierKey] = []
         room = self.capacity_bytes - self.used_bytes
         for victim, entry in self._entries.items():
@@ -70,6 +69,7 @@ class TierIndex:
         for victim in victims:
             self._remove(victim)
             self.num_evicted += 1
+        self._evicted.pop(key, None)  # stored again before its old contents were deleted: keep them
         self._entries[key] = TierEntry(num_bytes)
         self._events[key[1]] = True
         self.used_bytes += num_bytes
