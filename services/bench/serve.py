@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,13 +16,13 @@ import time
 import uuid
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve.services.bench.report import LATENCY_STATS, latency_summary, print_table, throughput_fields
 from pagedserve.services.bench.serve_client import RequestRecord, run_load
 from pagedserve.services.bench.stack_cpu import StackCpu
 from pagedserve.services.bench.workloads import BenchRequest, load_workload
 
-_METRIC = re.compile(r"^(pagedserve:[a-z_]+)\s+([0-9.eE+-]+|NaN)$", re.M)
 SCRAPE_EVERY_S = 0.25
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -41,15 +40,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
 
 
-def _scrape(text: str) -> dict[str, float]:
-    return {name: float(value) for name, value in _METRIC.findall(text)}
+def _scrape(text: str) -> dict[str, list[float]]:
+    """Each pagedserve sample name -> its samples' values, one per label set: every engine series
+    is labelled by worker (docs/operations.md), so a counter's total is their sum and KV usage,
+    a ratio per worker, their max."""
+    samples: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("pagedserve:"):
+                samples.setdefault(sample.name, []).append(sample.value)
+    return samples
+
+
+def totals(text: str) -> dict[str, float]:
+    """Each pagedserve sample name -> the stack's total (the sum over its workers' series)."""
+    return {name: math.fsum(values) for name, values in _scrape(text).items()}
+
+
+def peak_kv_usage(text: str) -> float | None:
+    """The fullest worker's KV usage (a ratio per worker), None where no worker reports one."""
+    usage = _scrape(text).get("pagedserve:kv_cache_usage_perc")
+    return max(usage) if usage else None
 
 
 async def _watch_metrics(base_url: str, stop: asyncio.Event, peak: dict) -> None:
     async with httpx.AsyncClient(timeout=5.0) as client:
         while not stop.is_set():
             try:
-                usage = _scrape((await client.get(base_url + "/metrics")).text).get("pagedserve:kv_cache_usage_perc")
+                usage = peak_kv_usage((await client.get(base_url + "/metrics")).text)
                 if usage is not None:
                     peak["kv"] = max(peak.get("kv", 0.0), usage)
             except httpx.HTTPError:
@@ -62,7 +80,7 @@ async def _watch_metrics(base_url: str, stop: asyncio.Event, peak: dict) -> None
 
 def _counters(base_url: str) -> dict[str, float]:
     try:
-        return _scrape(httpx.get(base_url + "/metrics", timeout=5.0).text)
+        return totals(httpx.get(base_url + "/metrics", timeout=5.0).text)
     except httpx.HTTPError:
         return {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from pagedserve.services.bench.report import latency_summary, percentile, throughput_fields
-from pagedserve.services.bench.serve import summarize
+from pagedserve.services.bench.serve import peak_kv_usage, summarize, totals
 from pagedserve.services.bench.serve_client import RequestRecord
 
 
@@ -39,3 +39,22 @@ def test_summarize_counts_failures_and_prefix_hits():
     assert result["tpot_p50_ms"] == 500.0
     assert result["prefix_hit_rate"] == 0.5
     assert result["peak_kv_usage"] == 0.25
+
+
+SCRAPE = """# TYPE pagedserve:kv_cache_usage_perc gauge
+pagedserve:kv_cache_usage_perc{worker="w0"} 0.125
+pagedserve:kv_cache_usage_perc{worker="w1"} 0.5
+# TYPE pagedserve:prefix_cache_hits counter
+pagedserve:prefix_cache_hits_total{worker="w0"} 3.0
+pagedserve:prefix_cache_hits_total{worker="w1"} 4.0
+pagedserve:prefix_cache_hits_total{worker="departed"} 5.0
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 9.0
+"""
+
+
+def test_metrics_read_per_worker_series():
+    """Every engine series is labelled by worker: a counter's total sums them, KV usage is the fullest worker's."""
+    assert totals(SCRAPE) == {"pagedserve:kv_cache_usage_perc": 0.625, "pagedserve:prefix_cache_hits_total": 12.0}
+    assert peak_kv_usage(SCRAPE) == 0.5
+    assert peak_kv_usage("process_cpu_seconds_total 9.0\n") is None
