@@ -67,7 +67,7 @@ def json_schema_guide(schema: Any, param: str) -> GuidedDecoding:
     if path is not None:
         raise ApiError(400, f"{param}: the keyword '{path}' is not supported in structured outputs",
                        param=_field(param), code="unsupported")
-    spec = json.dumps(schema, ensure_ascii=False, sort_keys=True)
+    spec = json.dumps(schema, ensure_ascii=False)  # key order kept: xgrammar emits properties in it
     _check_with_xgrammar("json", spec, param)
     return GuidedDecoding("json", spec)
 

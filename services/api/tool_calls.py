@@ -7,6 +7,8 @@ them itself; for one that does not, a system message describes them and the form
 server does for generic models). `tool_choice` "auto" parses what the model wrote; "required" and
 a named function constrain the output with a JSON schema (as vLLM): a JSON array of
 `{"name", "arguments"}` calls, or the named function's `{"name", "arguments"}` object.
+`parallel_tool_calls` false allows one call at most: the array's maxItems, and the first call
+parsed in "auto" (as OpenAI; vLLM keeps the first call too).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ToolUse:
 
     mode: str
     functions: list[dict] = field(default_factory=list)  # OpenAI's {"name", "description", "parameters"}
+    parallel: bool = True  # more than one call allowed (OpenAI's parallel_tool_calls, default true)
 
 
 def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
@@ -42,13 +45,16 @@ def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
         return None, None
     functions = [_function(tool, i) for i, tool in enumerate(tools)]
     names = [f["name"] for f in functions]
+    parallel = body.parallel_tool_calls is not False
     if choice in (None, "auto"):
-        return ToolUse("auto", functions), None
+        return ToolUse("auto", functions, parallel), None
     if choice == "none":
         return None, None
     if choice == "required":
         calls = {"type": "array", "minItems": 1, "items": {"anyOf": [_call_schema(f) for f in functions]}}
-        return ToolUse("required", functions), json_schema_guide(calls, "tools")
+        if not parallel:
+            calls["maxItems"] = 1
+        return ToolUse("required", functions, parallel), json_schema_guide(calls, "tools")
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
@@ -147,6 +153,8 @@ def parse(text: str, use: ToolUse) -> tuple[str | None, list[dict]]:
         if not raw:
             return text, []
         content = None
+    if not use.parallel:
+        raw = raw[:1]
     calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
               "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", c.get("parameters", {})),
                                                                        ensure_ascii=False)}} for c in raw]

@@ -15,7 +15,7 @@ from pagedserve.shared.messages import GuidedDecoding
 from tests.api.test_inputs import CHAT, _error, _prepare
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-SPEC = json.dumps(SCHEMA, sort_keys=True)
+SPEC = json.dumps(SCHEMA)
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}
@@ -85,6 +85,22 @@ def test_forced_tool_choice_constrains_to_the_call_schema(tokenizer):
     auto = _prepare(tokenizer, {"messages": CHAT, "tools": [WEATHER]})
     assert auto.tool_use.mode == "auto" and auto.sampling.guided is None
     assert _prepare(tokenizer, {"messages": CHAT, "tools": [WEATHER], "tool_choice": "none"}).tool_use is None
+
+
+def test_parallel_tool_calls_false_allows_one_call(tokenizer):
+    """OpenAI's parallel_tool_calls: false bounds the required array to one call and keeps an auto
+    answer's first call; the call schema keeps the order a tool call is written in (name first)."""
+    required = _prepare(tokenizer, {"messages": CHAT, "tools": [WEATHER], "tool_choice": "required",
+                                    "parallel_tool_calls": False})
+    schema = json.loads(required.sampling.guided.spec)
+    assert (schema["minItems"], schema["maxItems"]) == (1, 1)
+    assert list(schema["items"]["anyOf"][0]["properties"]) == ["name", "arguments"]
+    parallel = _prepare(tokenizer, {"messages": CHAT, "tools": [WEATHER], "tool_choice": "required"})
+    assert "maxItems" not in json.loads(parallel.sampling.guided.spec)
+    auto = _prepare(tokenizer, {"messages": CHAT, "tools": [WEATHER], "parallel_tool_calls": False})
+    text = '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    assert [c["function"]["name"] for c in tool_calls.parse(text, auto.tool_use)[1]] == ["f"]
+    assert [c["function"]["name"] for c in tool_calls.parse(text, tool_calls.ToolUse("auto"))[1]] == ["f", "g"]
 
 
 def test_tools_and_tool_results_reach_the_prompt(tokenizer):

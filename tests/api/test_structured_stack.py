@@ -86,9 +86,17 @@ def test_streamed_forced_tool_call_is_assembled_by_the_client(oai):
 
 def test_required_and_auto_tool_choice(oai):
     messages = [{"role": "user", "content": "What is the weather in Rome?"}]
+    # sampled, one call at most: the grammar's array ends after it, well within max_tokens (parallel
+    # calls at temperature 1.0 may go on past any max_tokens: the schema bounds no array)
     required = oai.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER], tool_choice="required",
-                                           temperature=1.0, max_tokens=200)
+                                           parallel_tool_calls=False, temperature=1.0, max_tokens=200)
     choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert set(json.loads(choice.message.tool_calls[0].function.arguments)) == {"city", "unit"}
+    greedy = oai.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER], tool_choice="required",
+                                         temperature=0.0, max_tokens=200)  # parallel calls allowed
+    choice = greedy.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     assert all(c.function.name == "get_weather" for c in choice.message.tool_calls)
     auto = oai.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER], temperature=0.0,
