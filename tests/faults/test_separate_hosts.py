@@ -65,6 +65,7 @@ class SeparateStack:
         wait_for(self._both_workers_ready, 300, "/ready and both workers' heartbeats")
 
     def _pings(self) -> bool:
+        assert self.procs["redis"].poll() is None, "redis-server exited:\n" + self.logs(["redis"])
         try:
             return self.redis.ping()
         except redis.RedisError:
