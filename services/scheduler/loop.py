@@ -132,7 +132,12 @@ class SchedulerLoop:
         try:
             plan = lane.sched.on_alloc(reply)
         except (ValueError, RuntimeError) as e:
-            self._lane_failed(lane, f"kvstore reply to step {reply.step_id} of worker {lane.worker_id} refused: {e}")
+            # a restarted kvstore refuses every step until its reset: learn of the restart now, or the
+            # next heartbeat check resets the lanes again, redoing what they ran since this reset
+            value = await self.r.get(self.keys.heartbeat("kvstore"))
+            if value is None or not self._on_kvstore(value.decode()):
+                self._lane_failed(lane, f"kvstore reply to step {reply.step_id} of worker {lane.worker_id} "
+                                  f"refused: {e}")
             return
         lane.reset_kv = False
         plan.reset, lane.reset_worker = lane.reset_worker, False
@@ -227,15 +232,7 @@ class SchedulerLoop:
             # after a Redis restart a missing heartbeat is not death, only a new incarnation is
             known = [self.kv_inc] + [lane.incarnation for lane in lanes]
             values[:len(known)] = [v if v is not None else k for v, k in zip(values, known, strict=False)]
-        kv_inc = values[0]
-        if kv_inc != self.kv_inc:
-            if self.kv_inc is not None:
-                self._all_failed("kvstore lost" if kv_inc is None else "kvstore restarted")
-            elif kv_inc is not None:
-                log.info("kvstore joined (incarnation %s)", kv_inc)
-            self.kv_inc = kv_inc
-            for lane in self.lanes.values():
-                lane.reset_kv = lane.reset_worker = True
+        self._on_kvstore(values[0])
         for lane, value in zip(lanes, values[1:1 + len(lanes)], strict=True):
             if value != lane.incarnation:
                 self._worker_left(lane, "lease expired" if value is None else "replaced by a new incarnation")
@@ -244,6 +241,19 @@ class SchedulerLoop:
         for api_id in sorted(away - self.apis_away):
             log.warning("api %s has no heartbeat: its %d requests go on", api_id, len(self.routes.requests_of(api_id)))
         self.apis_away = away
+
+    def _on_kvstore(self, kv_inc: str | None) -> bool:
+        """The kvstore's heartbeat (None: gone); True if it changed: every lane resets its pool."""
+        if kv_inc == self.kv_inc:
+            return False
+        if self.kv_inc is not None:
+            self._all_failed("kvstore lost" if kv_inc is None else "kvstore restarted")
+        elif kv_inc is not None:
+            log.info("kvstore joined (incarnation %s)", kv_inc)
+        self.kv_inc = kv_inc
+        for lane in self.lanes.values():
+            lane.reset_kv = lane.reset_worker = True
+        return True
 
     def _apply_inbox(self) -> None:
         inbox, self.inbox = self.inbox, []
