@@ -104,11 +104,21 @@ class ServiceStack:
         data = self.redis.get(self.keys.stats(service))
         return msgpack.unpackb(data, raw=False) if data is not None else None
 
-    def wait_kvstore_clean(self, timeout: float = 30.0) -> dict:
-        """The kvstore's stats once no block is held and its integrity check passes."""
+    def wait_kvstore_clean(self, timeout: float = 30.0, since: dict | None = None) -> dict:
+        """The kvstore's stats once no block is held and its integrity check passes. With since
+        (its stats read before a request was sent; prefix caching on), only stats of the live
+        kvstore that has admitted a request since: it writes them a moment after each step, so
+        the stats read just after a request finished may be from before it was admitted."""
+        live = self.incarnation("kvstore") if since is not None else None
+
         def clean():
             stats = self.stats("kvstore")
-            return stats if stats and stats["num_held_blocks"] == 0 and stats["integrity_ok"] else None
+            if not stats or stats["num_held_blocks"] != 0 or not stats["integrity_ok"]:
+                return None
+            if since is not None and (stats["incarnation"] != live or stats["prefix_cache_queries"] <= (
+                    since["prefix_cache_queries"] if since["incarnation"] == live else 0)):
+                return None
+            return stats
 
         return wait_for(clean, timeout, f"kvstore to hold no block (last stats: {self.stats('kvstore')})")
 

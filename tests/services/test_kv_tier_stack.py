@@ -29,9 +29,18 @@ def small_pool_stack(tmp_path_factory):
     stack.close()
 
 
-def run(api: TestApi, tokens: list[int]) -> list[int]:
+def run(api: TestApi, tokens: list[int]) -> tuple[list[int], dict, dict]:
+    """The request's tokens and the kvstore's stats before it and once it has counted and freed it.
+    Every request of the module goes through here, so `before` counts every earlier one."""
+    stack = api.stack
+    before = stack.wait_kvstore_clean()
     (out,) = api.wait_finished([api.submit(tokens, GREEDY)], timeout=180)
-    return out.token_ids
+    return out.token_ids, before, stack.wait_kvstore_clean(since=before)
+
+
+def gained(before: dict, after: dict, counter: str) -> int:
+    """How much a kvstore counter grew (a restarted kvstore counts from 0)."""
+    return after[counter] - (before[counter] if before["incarnation"] == after["incarnation"] else 0)
 
 
 def num_stored(stack, tokens: list[int]) -> int:
@@ -40,27 +49,19 @@ def num_stored(stack, tokens: list[int]) -> int:
     return sum(bool(stack.redis.keys(f"{stack.keys.prefix}:kvtier:*:{h.hex()}")) for h in hashes)
 
 
-def tier_hits(stack) -> int:
-    stats = stack.stats("kvstore") or {}
-    return stats.get("prefix_cache_tier_hits", 0)
-
-
 def test_a_prefix_evicted_from_the_pool_is_loaded_from_the_tier_with_the_same_text(small_pool_stack):
     stack = small_pool_stack
     api = TestApi(stack)
     first, other = prompt(1, 100), prompt(2, 200)
-    computed = run(api, first)
-    stats = wait_for(lambda: (s := stack.stats("kvstore")) and s.get("tier_num_blocks", 0) >= 6 and s, 30,
-                     "the first prompt's blocks in the tier")
-    assert stats["tier_used_bytes"] > 0
+    computed, _, stats = run(api, first)
+    assert stats["tier_num_blocks"] >= 6 and stats["tier_used_bytes"] > 0
+    wait_for(lambda: num_stored(stack, first) == 6, 30, "the prompt's 6 full blocks written to the tier")
     run(api, other)  # 13 of 16 blocks: the first prompt's cached blocks are evicted from the pool
-    before = stack.wait_kvstore_clean()
-    loaded = run(api, first)
+    loaded, before, stats = run(api, first)
     assert loaded == computed
-    stats = stack.wait_kvstore_clean()
     # 6 full blocks of 100 tokens: the pool kept the first 3 (freed last block first), the tier gives the rest
-    assert stats["prefix_cache_hits"] - before["prefix_cache_hits"] == 6 * BLOCK
-    assert stats["prefix_cache_tier_hits"] - before["prefix_cache_tier_hits"] == 3 * BLOCK
+    assert gained(before, stats, "prefix_cache_hits") == 6 * BLOCK
+    assert gained(before, stats, "prefix_cache_tier_hits") == 3 * BLOCK
     assert stats["integrity_ok"] and stats["tier_num_pinned"] == 0
     api.close()
 
@@ -69,13 +70,14 @@ def test_a_restarted_worker_serves_the_prefix_its_predecessor_computed(small_poo
     stack = small_pool_stack
     api = TestApi(stack)
     tokens = prompt(3, 90)
-    computed = run(api, tokens)
+    computed, _, _ = run(api, tokens)
     wait_for(lambda: num_stored(stack, tokens) == 5, 30, "the prompt's 5 full blocks written to the tier")
     stack.kill("worker")
     stack.start("worker")
-    before = tier_hits(stack)
-    assert run(api, tokens) == computed
-    assert stack.wait_kvstore_clean()["prefix_cache_tier_hits"] - before == 5 * BLOCK
+    loaded, before, after = run(api, tokens)
+    assert loaded == computed
+    # the new worker's pool starts empty: every cached block comes from the tier
+    assert gained(before, after, "prefix_cache_hits") == gained(before, after, "prefix_cache_tier_hits") == 5 * BLOCK
     api.close()
 
 
@@ -86,16 +88,14 @@ def test_a_prefix_stays_cached_across_a_restart_of(small_pool_stack, service):
     stack = small_pool_stack
     api = TestApi(stack)
     tokens = prompt(4 if service == "scheduler" else 5, 85)
-    computed = run(api, tokens)
+    computed, _, _ = run(api, tokens)
     wait_for(lambda: num_stored(stack, tokens) == 5, 30, "the prompt's 5 full blocks written to the tier")
     stack.kill(service)
     stack.start(service)
-    before = stack.wait_kvstore_clean()
-    assert run(api, tokens) == computed
-    after = stack.wait_kvstore_clean()
-    assert after["prefix_cache_hits"] - (before["prefix_cache_hits"] if service == "scheduler" else 0) == 5 * BLOCK
-    assert after["prefix_cache_tier_hits"] - (before["prefix_cache_tier_hits"] if service == "scheduler" else 0) \
-        == 5 * BLOCK
+    loaded, before, after = run(api, tokens)
+    assert loaded == computed
+    assert after["incarnation"] == stack.incarnation("kvstore")
+    assert gained(before, after, "prefix_cache_hits") == gained(before, after, "prefix_cache_tier_hits") == 5 * BLOCK
     api.close()
 
 
@@ -103,13 +103,13 @@ def test_blocks_lost_from_the_tier_are_computed_instead_and_stored_again(small_p
     stack = small_pool_stack
     api = TestApi(stack)
     tokens = prompt(6, 100)
-    computed = run(api, tokens)
+    computed, _, _ = run(api, tokens)
     wait_for(lambda: num_stored(stack, tokens) == 6, 30, "the prompt's 6 full blocks written to the tier")
     run(api, prompt(7, 200))  # pushes the prompt's blocks out of the pool
     for h in hash_full_blocks(tokens, BLOCK, root_hash(("smollm2",))):
         stack.redis.delete(*stack.redis.keys(f"{stack.keys.prefix}:kvtier:*:{h.hex()}"))
     missed_before = (stack.stats("scheduler") or {}).get("num_tier_missed_blocks_total", 0)
-    assert run(api, tokens) == computed  # the kvstore still lists them: the worker computes them
+    assert run(api, tokens)[0] == computed  # the kvstore still lists them: the worker computes them
     missed = wait_for(lambda: (stack.stats("scheduler") or {}).get("num_tier_missed_blocks_total", 0)
                       - missed_before, 30, "the scheduler to count the missed loads")
     # the pool kept the first blocks (hits there, not stored again); those the tier missed are stored anew
