@@ -131,8 +131,18 @@ def test_a_full_queue_answers_429_before_any_stream_and_fair_still_admits_anothe
         refused = wait_for(lambda: (r := flood()).status_code == 429 and r, 120, "a 429")
         assert refused.headers["Retry-After"].isdigit() and refused.json()["error"]["code"] == "queue_full"
         assert len(accepted) >= MAX_WAITING  # 2 running + 8 waiting fit
-        stream = client.post("/v1/completions", json={"prompt": "hi", "stream": True, "user": "flood", **UNENDING})
-        assert stream.status_code == 429 and stream.headers["content-type"].startswith("application/json")
+        # fcfs: the queue is full for everyone, once the api's table (refreshed every 0.1 s)
+        # shows what the scheduler sees; until then the api's own count may refuse a request
+        # that a fresher table admits
+        wait_for(lambda: backend.stats("scheduler").get("num_requests_waiting", 0) >= MAX_WAITING, 60,
+                 "the scheduler to see a full queue")
+
+        def stream_refusal():  # a stream admitted before the api's table caught up ends with its connection
+            with client.stream("POST", "/v1/completions",
+                               json={"prompt": "hi", "stream": True, "user": "flood", **UNENDING}) as r:
+                return r.status_code == 429 and r.headers["content-type"]
+        content_type = wait_for(stream_refusal, 10, "a 429 before a stream opens")
+        assert content_type.startswith("application/json")
 
         def other_tenant() -> httpx.Response:
             response = client.post("/v1/requests", json={"prompt": "hi", "user": "other", **UNENDING})
@@ -140,10 +150,6 @@ def test_a_full_queue_answers_429_before_any_stream_and_fair_still_admits_anothe
                 accepted.append(response.json()["request_id"])
             return response
 
-        # fcfs: the queue is full for everyone, once the api's table (refreshed every 0.1 s)
-        # shows what the scheduler sees; until then a new tenant may get one request in
-        wait_for(lambda: backend.stats("scheduler").get("num_requests_waiting", 0) >= MAX_WAITING, 60,
-                 "the scheduler to see a full queue")
         other = wait_for(lambda: (r := other_tenant()).status_code == 429 and r, 10, "a 429 for another tenant")
         assert other.headers["Retry-After"].isdigit()
         assert _set_policy(client, "fair").status_code == 200
