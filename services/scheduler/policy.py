@@ -91,11 +91,3 @@ def take_options(policy: str, options: dict, defaults: dict[str, float]) -> dict
         out[key] = type(defaults[key])(value)
     return out
 
-
-def __getattr__(name: str):
-    # lazy re-export, avoiding an import cycle
-    if name == "FCFSPolicy":
-        from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
-
-        return FCFSPolicy
-    raise AttributeError(name)

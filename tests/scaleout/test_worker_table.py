@@ -6,7 +6,7 @@ same tokens (the fake worker's tokens depend only on request and position)."""
 from __future__ import annotations
 
 from pagedserve.services.scheduler.placement import Router
-from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.workers import WorkerTable
 from pagedserve.shared.messages import WorkerHello

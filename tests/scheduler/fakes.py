@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.messages import (

@@ -19,7 +19,7 @@ from collections import deque
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedserve.services.scheduler.policy import FCFSPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.scheduler import Scheduler
 from tests.scheduler.fakes import (

@@ -1,7 +1,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedserve.services.scheduler.policy import FCFSPolicy, SchedulingPolicy
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
+from pagedserve.services.scheduler.policy import SchedulingPolicy
 from tests.scheduler.fakes import make_request
 
 
