@@ -10,6 +10,7 @@ from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 class ReferenceBackend:
     name = "reference"
+    windowed = True  # attend takes window (keys t - p < window) and softcap (cap * tanh(s / cap))
 
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
         num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
@@ -17,7 +18,8 @@ class ReferenceBackend:
         flat[0, meta.slot_mapping] = to_cache(key, kv_cache)
         flat[1, meta.slot_mapping] = to_cache(value, kv_cache)
 
-    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         block_size = kv_cache.shape[2]
         num_heads, num_kv_heads = query.shape[1], kv_cache.shape[3]
         group = num_heads // num_kv_heads
@@ -32,8 +34,12 @@ class ReferenceBackend:
             v = v.repeat_interleave(group, dim=1)
             q = query[start : start + q_len].float()  # [q_len, Hq, D]
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
             q_pos = torch.arange(s_len - q_len, s_len)
             mask = positions[None, :] > q_pos[:, None]  # [q_len, s_len] future keys
+            if window is not None:  # and keys that slid out
+                mask |= positions[None, :] <= q_pos[:, None] - window
             scores.masked_fill_(mask[None], float("-inf"))
             out[start : start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
             start += q_len

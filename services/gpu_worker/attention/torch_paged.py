@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from pagedserve.services.gpu_worker.attention.kv_quant import from_cache, is_quantized, to_cache
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.windowed import attend_windowed
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
 # A new decode bucket opens once the next request would add more padded key positions than this.
@@ -156,6 +157,7 @@ def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 class TorchPagedBackend:
     name = "torch"
+    windowed = True  # attend takes window and softcap
 
     def __init__(self, use_kernel: bool | None = None) -> None:
         """use_kernel: decode with the C++ kernel when it loads (None: unless disabled)."""
@@ -173,7 +175,10 @@ class TorchPagedBackend:
         flat[0].index_copy_(0, meta.slot_mapping, to_cache(key, kv_cache))
         flat[1].index_copy_(0, meta.slot_mapping, to_cache(value, kv_cache))
 
-    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
+        if window is not None or softcap is not None:  # Gemma's layers: plain torch (windowed.py)
+            return attend_windowed(query, kv_cache, meta, scale, window, softcap)
         _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape  # width: D, or D + 2 for int8
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // num_kv_heads
