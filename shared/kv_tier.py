@@ -33,6 +33,15 @@ def tier_pattern(keys: Keys) -> str:
     return f"{keys.prefix}:{TIER_PART}:*"
 
 
+def tier_lru_key(keys: Keys) -> str:
+    """A sorted set of `<namespace>:<hash hex>`, scored by last use: the tier's LRU order in Redis."""
+    return f"{keys.prefix}:{TIER_PART}-lru"
+
+
+def lru_member(namespace: str, block_hash: bytes) -> str:
+    return f"{namespace}:{block_hash.hex()}"
+
+
 def parse_tier_key(keys: Keys, key: str) -> tuple[str, bytes] | None:
     """(namespace, block hash) of a tier key, or None for any other key."""
     head = f"{keys.prefix}:{TIER_PART}:"

@@ -14,7 +14,7 @@ import msgpack
 from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
 from pagedserve.services.kvstore.worker_pools import WorkerPools
 from pagedserve.shared import redis_io
-from pagedserve.shared.kv_tier import parse_tier_key, tier_key, tier_pattern
+from pagedserve.shared.kv_tier import lru_member, parse_tier_key, tier_key, tier_lru_key, tier_pattern
 from pagedserve.shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
 from pagedserve.shared.redis_io import Entry, Heartbeat
 from pagedserve.shared.streams import HEARTBEAT_TTL_S, Keys
@@ -51,6 +51,7 @@ class KvStoreLoop:
         self.stats_dirty = True
         self.last_block_map = 0.0
         self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
+        self.tier_lru_seq = 0  # the score of the tier's most recent use recorded in redis
 
     async def run(self, stop: asyncio.Event) -> int:
         await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
@@ -73,7 +74,7 @@ class KvStoreLoop:
                                 await self._on_hello(entry.entry_id, entry.message)
                         elif isinstance(entry.message, PrefixCacheReset):
                             self._reset_prefix_cache(entry.message)
-                            await self._delete_tier_evicted()
+                            await self._sync_tier()
                         else:
                             await self._on_alloc(entry)
                     if time.monotonic() >= self.next_lease_check:
@@ -96,8 +97,9 @@ class KvStoreLoop:
                 await self._on_hello(entry_id, hello)
 
     async def _bootstrap_tier(self) -> None:
-        """The tier's contents outlive this process in Redis: index what is there (sizes as stored;
-        order unknown, so LRU starts in scan order), deleting what no longer fits."""
+        """The tier's contents outlive this process in Redis: index what is there (sizes as stored),
+        in the LRU order last recorded (blocks it lacks first, in scan order), deleting what no
+        longer fits; then record that order afresh."""
         tier = self.pools.tier
         if tier is None:
             return
@@ -105,19 +107,45 @@ class KvStoreLoop:
         pipe = self.r.pipeline(transaction=False)
         for key in keys:
             pipe.strlen(key)
-        sizes = await pipe.execute() if keys else []
+        pipe.zrange(tier_lru_key(self.keys), 0, -1, withscores=True)
+        *sizes, ranked = await pipe.execute()
+        rank = {_text(member): score for member, score in ranked}
+        found = []
         for key, size in zip(keys, sizes, strict=True):
-            parsed = parse_tier_key(self.keys, key.decode() if isinstance(key, bytes) else key)
+            parsed = parse_tier_key(self.keys, _text(key))
             if parsed is not None and size > 0:
-                tier.insert(parsed, size)
-        await self._delete_tier_evicted()
+                found.append((rank.get(lru_member(*parsed), float("-inf")), parsed, size))
+        found.sort(key=lambda item: item[0])  # stable: unranked blocks keep scan order
+        for _score, parsed, size in found:
+            tier.insert(parsed, size)
+        tier.take_touched()
+        order = [lru_member(*key) for key in tier.keys()]
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(tier_lru_key(self.keys))
+        if order:
+            pipe.zadd(tier_lru_key(self.keys), {member: n for n, member in enumerate(order, 1)})
+        await pipe.execute()
+        self.tier_lru_seq = len(order)
+        await self._sync_tier()
         if keys:
-            log.info("offload tier: %d blocks (%d bytes) found in redis", len(tier), tier.used_bytes)
+            log.info("offload tier: %d blocks (%d bytes) found in redis, %d in a known LRU order", len(tier),
+                     tier.used_bytes, sum(score > float("-inf") for score, _p, _s in found))
 
-    async def _delete_tier_evicted(self) -> None:
+    async def _sync_tier(self) -> None:
+        """Delete evicted blocks' contents and record the LRU order's changes, in one round trip."""
         evicted = self.pools.take_tier_evicted()
+        touched = self.pools.tier.take_touched() if self.pools.tier is not None else []
+        if not evicted and not touched:
+            return
+        pipe = self.r.pipeline(transaction=False)
         if evicted:
-            await self.r.delete(*(tier_key(self.keys, namespace, h) for namespace, h in evicted))
+            pipe.delete(*(tier_key(self.keys, namespace, h) for namespace, h in evicted))
+            pipe.zrem(tier_lru_key(self.keys), *(lru_member(namespace, h) for namespace, h in evicted))
+        if touched:
+            scores = {lru_member(*key): self.tier_lru_seq + n for n, key in enumerate(touched, 1)}
+            self.tier_lru_seq += len(touched)
+            pipe.zadd(tier_lru_key(self.keys), scores)
+        await pipe.execute()
 
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
         new, incarnation = await redis_io.accept_hello(self.r, self.keys, self.hello_ids, entry_id, hello.worker_id)
@@ -168,7 +196,7 @@ class KvStoreLoop:
                     if self.integrity_error is not None:
                         log.error("integrity check failed after step %d: %s", request.step_id, self.integrity_error)
         if reply is not None:
-            await self._delete_tier_evicted()  # before any worker could store a block anew under one
+            await self._sync_tier()  # evicted contents deleted before any worker could store a block anew under one
             await redis_io.send(self.r, self.keys.kv_reply, reply)
             self.stats_dirty, self.last_change = True, time.monotonic()
 
@@ -217,6 +245,10 @@ class KvStoreLoop:
             await redis_io.write_stats(self.r, self.keys, "block_map", block_map(managers))
             self.last_block_map = now
         self.last_stats, self.stats_dirty = now, not idle or not map_due  # a map not due yet: come back
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _peek_worker_id(raw: bytes | None) -> str:

@@ -3,7 +3,9 @@
 Keys are (namespace, block hash) (shared.kv_tier). An entry is pinned while a worker may be
 loading it (readers > 0) and is then never evicted; insert() evicts the least recently used
 unpinned entries until the new one fits, or refuses it. Evicted keys wait in take_evicted() for
-the loop to delete their contents. Invariant: used_bytes = sum of entry sizes <= capacity_bytes.
+the loop to delete their contents; keys used since the last take_touched() wait there for the loop
+to record their new place in the LRU order (so a restarted kvstore reads the order back).
+Invariant: used_bytes = sum of entry sizes <= capacity_bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class TierIndex:
         self.num_evicted = 0  # entries ever evicted for room (not counting clear())
         self.num_refused = 0  # inserts that found no room among unpinned entries
         self._events: dict[bytes, bool] = {}  # hash -> stored (True) or removed, net since take_events()
+        self._touched: dict[TierKey, None] = {}  # ordered set, least recently used first: since take_touched()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -53,7 +56,7 @@ class TierIndex:
         if num_bytes < 1:
             raise ValueError(f"num_bytes must be >= 1, got {num_bytes}")
         if key in self._entries:
-            self._entries.move_to_end(key)
+            self._touch(key)
             return True
         victims: list[TierKey] = []
         room = self.capacity_bytes - self.used_bytes
@@ -71,6 +74,7 @@ class TierIndex:
             self.num_evicted += 1
         self._evicted.pop(key, None)  # stored again before its old contents were deleted: keep them
         self._entries[key] = TierEntry(num_bytes)
+        self._touch(key)
         self._events[key[1]] = True
         self.used_bytes += num_bytes
         self.num_stored += 1
@@ -81,7 +85,7 @@ class TierIndex:
         entry = self._entries[key]
         entry.readers += 1
         self.num_pinned += entry.readers == 1
-        self._entries.move_to_end(key)
+        self._touch(key)
 
     def unpin(self, key: TierKey) -> None:
         entry = self._entries.get(key)
@@ -102,6 +106,17 @@ class TierIndex:
         events, self._events = self._events, {}
         return [h for h, stored in events.items() if stored], [h for h, stored in events.items() if not stored]
 
+    def take_touched(self) -> list[TierKey]:
+        """Entries stored or used since the last call, least recently used first (each now more
+        recent than every entry not listed)."""
+        touched, self._touched = list(self._touched), {}
+        return touched
+
+    def _touch(self, key: TierKey) -> None:
+        self._entries.move_to_end(key)
+        self._touched.pop(key, None)
+        self._touched[key] = None
+
     def take_evicted(self) -> list[TierKey]:
         evicted, self._evicted = list(self._evicted), {}
         return evicted
@@ -109,6 +124,7 @@ class TierIndex:
     def _remove(self, key: TierKey) -> None:
         entry = self._entries.pop(key)
         self.used_bytes -= entry.num_bytes
+        self._touched.pop(key, None)
         self._evicted[key] = None
         self._events[key[1]] = False
 
@@ -129,3 +145,6 @@ class TierIndex:
         assert num_pinned == self.num_pinned, f"{num_pinned} tier entries are read but num_pinned={self.num_pinned}"
         pending = set(self._evicted)
         assert not pending & set(self._entries), "a tier entry is both held and waiting for deletion"
+        assert set(self._touched) <= set(self._entries), "a touched tier key is not held"
+        tail = list(self._entries)[len(self._entries) - len(self._touched):]
+        assert tail == list(self._touched), "the touched tier keys are not the most recently used, in order"

@@ -45,6 +45,22 @@ def test_clear_keeps_pinned_entries_and_a_stored_again_key_is_not_deleted():
     tier.check_integrity()
 
 
+def test_take_touched_lists_the_uses_since_the_last_call_least_recent_first():
+    tier = TierIndex(30)
+    for n in range(3):
+        tier.insert(key(n), 10)
+    assert tier.take_touched() == [key(0), key(1), key(2)] and tier.take_touched() == []
+    tier.pin(key(0))
+    tier.insert(key(1), 10)  # a touch
+    tier.insert(key(3), 10)  # evicts 2, the least recently used unpinned entry
+    assert tier.take_touched() == [key(0), key(1), key(3)]
+    assert tier.keys() == [key(0), key(1), key(3)]
+    tier.insert(key(4), 10)  # evicts 1 (0 is pinned): what was touched and then evicted is not listed
+    tier.insert(key(4), 10)
+    assert tier.take_touched() == [key(4)] and tier.take_evicted() == [key(2), key(1)]
+    tier.check_integrity()
+
+
 class TierMachine(RuleBasedStateMachine):
     """The model: an LRU list (least recent first), sizes, reader counts, deleted keys."""
 
@@ -56,6 +72,19 @@ class TierMachine(RuleBasedStateMachine):
         self.sizes: dict[tuple[str, bytes], int] = {}
         self.readers: dict[tuple[str, bytes], int] = {}
         self.pending: list[tuple[str, bytes]] = []
+        self.touched: list[tuple[str, bytes]] = []  # since take_touched(), least recent first
+
+    def touch(self, k):
+        if k in self.touched:
+            self.touched.remove(k)
+        self.touched.append(k)
+
+    def forget(self, k):
+        self.order.remove(k)
+        del self.sizes[k], self.readers[k]
+        self.pending.append(k)
+        if k in self.touched:
+            self.touched.remove(k)
 
     @rule(n=st.integers(0, 7), size=st.integers(1, 25))
     def insert(self, n, size):
@@ -64,6 +93,7 @@ class TierMachine(RuleBasedStateMachine):
             assert self.tier.insert(k, size)
             self.order.remove(k)
             self.order.append(k)
+            self.touch(k)
             return
         free = self.capacity - sum(self.sizes.values())
         victims = []
@@ -79,11 +109,10 @@ class TierMachine(RuleBasedStateMachine):
             if k in self.pending:
                 self.pending.remove(k)
             for v in victims:
-                self.order.remove(v)
-                del self.sizes[v], self.readers[v]
-                self.pending.append(v)
+                self.forget(v)
             self.order.append(k)
             self.sizes[k], self.readers[k] = size, 0
+            self.touch(k)
 
     @rule(n=st.integers(0, 7))
     def pin(self, n):
@@ -93,6 +122,7 @@ class TierMachine(RuleBasedStateMachine):
             self.readers[k] += 1
             self.order.remove(k)
             self.order.append(k)
+            self.touch(k)
 
     @rule(n=st.integers(0, 7))
     def unpin(self, n):
@@ -109,9 +139,12 @@ class TierMachine(RuleBasedStateMachine):
         victims = [k for k in self.order if self.readers[k] == 0]
         assert self.tier.clear() == len(victims)
         for v in victims:
-            self.order.remove(v)
-            del self.sizes[v], self.readers[v]
-            self.pending.append(v)
+            self.forget(v)
+
+    @rule()
+    def take_touched(self):
+        assert self.tier.take_touched() == self.touched
+        self.touched = []
 
     @rule()
     def take_evicted(self):
