@@ -39,6 +39,10 @@ class WorkerLoop:
         self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
         self.tier_writes: set[asyncio.Task] = set()  # stores in flight, off the step's critical path
         self.tier_stored = tier_blocks.StoreTally()
+        # step id -> its stores; its result waits for them, so the scheduler learns no token a step
+        # sampled before the blocks that step stored are in the tier (with synchronous scheduling a
+        # request moved off a dead worker recomputes one block at most; async: one token more)
+        self.stores_before_result: dict[int, asyncio.Task] = {}
 
     async def run(self, stop: asyncio.Event) -> int:
         plans = self.keys.worker_plan(self.worker_id)
@@ -103,6 +107,9 @@ class WorkerLoop:
         backoff = redis_io.Backoff()
         while True:
             result = await results.get()
+            stores = self.stores_before_result.pop(result.step_id, None)
+            if stores is not None:
+                await asyncio.wait({stores}, timeout=TIER_LOAD_TIMEOUT_S)
             while True:
                 try:
                     await redis_io.send(self.r, self.keys.worker_results, result)
@@ -148,6 +155,7 @@ class WorkerLoop:
                 task = asyncio.create_task(self._store(moved.stores))
                 self.tier_writes.add(task)
                 task.add_done_callback(self.tier_writes.discard)
+                self.stores_before_result[plan.step_id] = task
             return result
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)

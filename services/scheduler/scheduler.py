@@ -76,6 +76,7 @@ class Scheduler:
         self._pending: CandidateStep | None = None  # between schedule() and on_alloc()
         self._in_flight: deque[InFlightStep] = deque()  # oldest first
         self._counters = SchedulerCounters()
+        self.block_size = 0  # its pool's, from the worker's hello (workers.py); 0 until then
         self._forks = ForkGroups()
 
     def add_request(self, request: Request) -> None:
@@ -213,8 +214,7 @@ class Scheduler:
                 resumed = request.status is RequestStatus.PREEMPTED
                 request.admit(result.num_cached_tokens)
                 if resumed:
-                    self._counters.num_resumed_total += 1
-                    self._counters.num_resumed_recomputed_tokens_total += request.num_tokens - request.num_computed_tokens
+                    self._counters.count_resume(request.num_tokens - request.num_computed_tokens, self.block_size)
                 self._counters.num_cached_tokens_total += request.num_computed_tokens
                 num_scheduled = min(candidate.num_new_tokens,
                                     request.num_tokens_to_compute - request.num_computed_tokens)

@@ -17,6 +17,7 @@ class SchedulerStats:
     num_finished_total: int
     num_resumed_total: int = 0  # preempted or moved requests admitted again
     num_resumed_recomputed_tokens_total: int = 0  # of their known tokens, those neither pool nor tier had
+    num_resumed_over_one_block_total: int = 0  # resumes that recompute more than one block's tokens
     num_tier_loaded_blocks_total: int = 0  # blocks the worker loaded from the offload tier
     num_tier_missed_blocks_total: int = 0  # planned loads it could not make: computed instead
     tier_load_seconds_total: float = 0.0
@@ -38,6 +39,7 @@ class SchedulerCounters:
     num_finished_total: int = 0
     num_resumed_total: int = 0
     num_resumed_recomputed_tokens_total: int = 0
+    num_resumed_over_one_block_total: int = 0
     num_tier_loaded_blocks_total: int = 0
     num_tier_missed_blocks_total: int = 0
     tier_load_seconds_total: float = 0.0
@@ -45,6 +47,13 @@ class SchedulerCounters:
     num_tier_stored_blocks_total: int = 0
     tier_stored_bytes_total: int = 0
     tier_store_seconds_total: float = 0.0
+
+    def count_resume(self, num_recomputed: int, block_size: int) -> None:
+        """A preempted or moved request admitted again, num_recomputed of its known tokens found in
+        neither pool nor tier (block_size 0: unknown, never counted over one block)."""
+        self.num_resumed_total += 1
+        self.num_resumed_recomputed_tokens_total += num_recomputed
+        self.num_resumed_over_one_block_total += 0 < block_size < num_recomputed
 
     def count_computed(self, request, num_scheduled: int) -> None:
         start = request.num_computed_tokens
@@ -63,6 +72,7 @@ class SchedulerCounters:
             num_finished_total=self.num_finished_total,
             num_resumed_total=self.num_resumed_total,
             num_resumed_recomputed_tokens_total=self.num_resumed_recomputed_tokens_total,
+            num_resumed_over_one_block_total=self.num_resumed_over_one_block_total,
             num_tier_loaded_blocks_total=self.num_tier_loaded_blocks_total,
             num_tier_missed_blocks_total=self.num_tier_missed_blocks_total,
             tier_load_seconds_total=self.tier_load_seconds_total,

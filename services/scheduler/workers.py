@@ -26,7 +26,7 @@ COUNTERS = ("num_preemptions_total", "num_prompt_tokens_total", "num_computed_pr
             "num_cached_tokens_total", "num_generation_tokens_total", "num_finished_total", "num_resumed_total",
             "num_resumed_recomputed_tokens_total", "num_tier_loaded_blocks_total", "num_tier_missed_blocks_total",
             "tier_load_seconds_total", "num_tier_stored_blocks_total", "tier_store_seconds_total",
-            "tier_loaded_bytes_total", "tier_stored_bytes_total")
+            "tier_loaded_bytes_total", "tier_stored_bytes_total", "num_resumed_over_one_block_total")
 
 
 @dataclass
@@ -114,6 +114,7 @@ class WorkerTable:
         self.router.index.drop(hello.worker_id)
         # a request longer than the whole pool could never be admitted again once preempted
         lane.sched.max_model_len = min(hello.max_model_len, hello.num_blocks * hello.block_size)
+        lane.sched.block_size = hello.block_size
         unplaced, self.unplaced = self.unplaced, []
         return lane, [d for request, fresh in unplaced for d in self.place(request, fresh)]
 

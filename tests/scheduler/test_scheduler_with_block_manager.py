@@ -89,3 +89,21 @@ def test_preemption_with_the_block_manager_changes_no_token(prefix):
     assert outputs_by_request(records) == outputs_by_request(reference)
     assert finish_reasons(records) == {"a": "length", "b": "length"}
     assert manager.num_free_blocks == 7 and worker.requests == {}
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_a_resumed_request_counts_what_it_recomputes(prefix):
+    """Preempted with 40 + 9 tokens known: with its 3 full blocks still cached it recomputes only
+    the 1 token of its partial block; without, all 49 (over one block)."""
+    scheduler, manager, worker = _stack(num_blocks=64, block_size=16, prefix=prefix)
+    scheduler.block_size = 16
+    scheduler.add_request(make_request("a", num_prompt_tokens=40, max_tokens=30))
+    for _ in range(10):
+        run_step(scheduler, manager, worker)
+    assert [r.request_id for r in scheduler.preempt_all()] == ["a"]
+    run_step(scheduler, manager, worker)
+    stats = scheduler.stats()
+    assert (stats.num_resumed_total, stats.num_resumed_recomputed_tokens_total,
+            stats.num_resumed_over_one_block_total) == ((1, 1, 0) if prefix else (1, 49, 1))
+    run_until_done(scheduler, manager, worker)
+    manager.check_integrity()
