@@ -136,22 +136,15 @@ class Router:
         self.index = PrefixIndex()
         self._turn = itertools.count()
 
-    def costs(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> dict[str, float]:
-        keys = keys[:max(0, num_blocks - 1)]
-        overlaps = self.index.overlaps(keys, [c.worker_id for c in candidates])
-        return self._costs(keys, num_blocks, overlaps, candidates)
-
-    def _costs(self, keys: Sequence[bytes], num_blocks: int, overlaps: dict[str, int],
-               candidates: Sequence[Candidate]) -> dict[str, float]:
+    def costs(self, keys: Sequence[bytes], num_blocks: int, overlaps: dict[str, int],
+              candidates: Sequence[Candidate]) -> dict[str, float]:
+        """Each candidate's cost (the module's formula); keys without the last block's."""
         costs = {}
         for c in candidates:
             new = num_blocks - overlaps[c.worker_id]
             prefill = new - (1 - TIER_LOAD_WEIGHT) * self.index.tier_run(keys, overlaps[c.worker_id])
             costs[c.worker_id] = self.prefill_weight * prefill + self.decode_weight * (c.load_blocks + new)
         return costs
-
-    def place(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> str:
-        return self.choose(keys, num_blocks, candidates)[0]
 
     def choose(self, keys: Sequence[bytes], num_blocks: int, candidates: Sequence[Candidate]) -> tuple[str, int]:
         """(the chosen worker's id, the request's blocks not cached there)."""
@@ -165,7 +158,7 @@ class Router:
             chosen = ordered[turn].worker_id
             return chosen, num_blocks - self.index.overlaps(keys, [chosen])[chosen]
         overlaps = self.index.overlaps(keys, [c.worker_id for c in ordered])
-        costs = self._costs(keys, num_blocks, overlaps, ordered)
+        costs = self.costs(keys, num_blocks, overlaps, ordered)
         chosen = min(ordered, key=lambda c: (costs[c.worker_id], c.load_blocks, rotation[c.worker_id])).worker_id
         self.index.predict(chosen, keys)
         return chosen, num_blocks - overlaps[chosen]

@@ -25,6 +25,12 @@ def keys_of(tokens: list[int], model: str = "m", salt: str = "") -> list[bytes]:
     return block_keys(tokens, BS, model, salt)
 
 
+def costs_of(router: Router, keys: list[bytes], num_blocks: int, candidates: list[Candidate]) -> dict[str, float]:
+    """What choose() weighs: the costs over the overlaps of every key but the last block's."""
+    keys = keys[:num_blocks - 1]
+    return router.costs(keys, num_blocks, router.index.overlaps(keys, [c.worker_id for c in candidates]), candidates)
+
+
 def test_block_keys_match_the_kvstores_events():
     """What the scheduler hashes is what the kvstore reports stored for the same prompt."""
     manager = BlockManager(16, BS, enable_prefix_caching=True, hash_keys=("m",), record_events=True)
@@ -71,16 +77,16 @@ def test_prefix_router_prefers_the_worker_holding_the_prefix_until_load_outweigh
     k = keys_of(list(range(40)))  # 10 full blocks
     router.index.apply("b", stored=b"".join(k))
     # b holds all 10 blocks: cost(a) = 11 + (0 + 11), cost(b) = 1 + (5 + 1)
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == "b"
-    assert router.costs(k, 11, [Candidate("a", 0), Candidate("b", 5)]) == {"a": 22.0, "b": 7.0}
+    assert router.choose(k, 11, [Candidate("a", 0), Candidate("b", 5)])[0] == "b"
+    assert costs_of(router, k, 11, [Candidate("a", 0), Candidate("b", 5)]) == {"a": 22.0, "b": 7.0}
     # b's load of 25 blocks outweighs the 20 it would save: 1 + 26 > 22
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 25)]) == "a"
+    assert router.choose(k, 11, [Candidate("a", 0), Candidate("b", 25)])[0] == "a"
 
 
 def test_prefix_router_spreads_equal_costs_by_load_then_in_turn():
     router = Router("prefix")
-    assert router.place([], 2, [Candidate("a", 4), Candidate("b", 2)]) == "b"
-    picks = [router.place([], 2, [Candidate("a", 0), Candidate("b", 0)]) for _ in range(4)]
+    assert router.choose([], 2, [Candidate("a", 4), Candidate("b", 2)])[0] == "b"
+    picks = [router.choose([], 2, [Candidate("a", 0), Candidate("b", 0)])[0] for _ in range(4)]
     assert sorted(picks) == ["a", "a", "b", "b"]
 
 
@@ -88,18 +94,18 @@ def test_weights_scale_each_side():
     k = keys_of(list(range(40)))
     router = Router("prefix", prefill_weight=0.0, decode_weight=1.0)  # load once it runs there
     router.index.apply("b", stored=b"".join(k))
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 9)]) == "b"  # 0 + 11 > 9 + 1
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 20)]) == "a"
+    assert router.choose(k, 11, [Candidate("a", 0), Candidate("b", 9)])[0] == "b"  # 0 + 11 > 9 + 1
+    assert router.choose(k, 11, [Candidate("a", 0), Candidate("b", 20)])[0] == "a"
     router = Router("prefix", prefill_weight=10.0, decode_weight=1.0)
     router.index.apply("b", stored=b"".join(k))
-    assert router.place(k, 11, [Candidate("a", 0), Candidate("b", 90)]) == "b"
+    assert router.choose(k, 11, [Candidate("a", 0), Candidate("b", 90)])[0] == "b"
 
 
 def test_round_robin_ignores_cache_and_load():
     router = Router("round-robin")
     k = keys_of(list(range(8)))
     router.index.apply("a", stored=b"".join(k))
-    picks = [router.place(k, 2, [Candidate("b", 0), Candidate("a", 100)]) for _ in range(4)]
+    picks = [router.choose(k, 2, [Candidate("b", 0), Candidate("a", 100)])[0] for _ in range(4)]
     assert picks == ["a", "b", "a", "b"]
 
 
@@ -112,16 +118,16 @@ def test_bad_router_config_is_refused(mode, prefill, decode):
 
 def test_no_candidate_is_an_error():
     with pytest.raises(ValueError):
-        Router().place([], 1, [])
+        Router().choose([], 1, [])
 
 
 def test_a_placed_requests_blocks_count_as_cached_there_until_an_event_or_the_ttl():
     router = Router("prefix")
     k = keys_of(list(range(40)))  # 10 blocks, cached nowhere yet
-    first = router.place(k, 11, [Candidate("a", 0), Candidate("b", 0)])
+    first = router.choose(k, 11, [Candidate("a", 0), Candidate("b", 0)])[0]
     other = "b" if first == "a" else "a"
     # the second of a burst follows the first, though no event has come yet
-    assert router.place(k, 11, [Candidate(first, 5), Candidate(other, 0)]) == first
+    assert router.choose(k, 11, [Candidate(first, 5), Candidate(other, 0)])[0] == first
     now = time.monotonic()
     assert router.index.overlaps(k, [first], now=now + PREDICTED_TTL_S + 1) == {first: 0}  # expired
     router.index.apply(first, removed=k[3])  # the pool says block 3 is gone: the prediction too

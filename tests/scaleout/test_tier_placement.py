@@ -5,6 +5,7 @@ tier spreads its requests over workers sooner than one only a single pool holds.
 from __future__ import annotations
 
 from pagedserve.services.scheduler.placement import TIER_LOAD_WEIGHT, Candidate, Router, block_keys
+from tests.scaleout.test_placement import costs_of
 
 
 def keys_of(tokens: list[int]) -> list[bytes]:
@@ -15,9 +16,9 @@ def test_a_pool_hit_costs_less_than_a_tier_hit_which_costs_less_than_a_prefill()
     k = keys_of(list(range(40)))  # 10 full blocks, an 11th with the last token
     router = Router("prefix", prefill_weight=1.0, decode_weight=1.0)
     router.index.apply("pool", stored=b"".join(k))
-    nowhere = router.costs(k, 11, [Candidate("other", 0)])["other"]
+    nowhere = costs_of(router, k, 11, [Candidate("other", 0)])["other"]
     router.index.apply_tier(stored=b"".join(k))
-    costs = router.costs(k, 11, [Candidate("pool", 0), Candidate("other", 0)])
+    costs = costs_of(router, k, 11, [Candidate("pool", 0), Candidate("other", 0)])
     # pool: 1 block to prefill + 1 new; tier: 1 + 10 loads at TIER_LOAD_WEIGHT + 11 new; nowhere: 11 + 11
     assert costs == {"pool": 2.0, "other": 1 + 10 * TIER_LOAD_WEIGHT + 11}
     assert costs["pool"] < costs["other"] < nowhere == 22.0
@@ -28,9 +29,9 @@ def test_the_tier_counts_only_the_blocks_right_after_the_pools_prefix():
     router = Router("prefix", prefill_weight=1.0, decode_weight=0.0)
     router.index.apply("a", stored=b"".join(k[:2]))
     router.index.apply_tier(stored=b"".join(k[2:5] + k[6:]))  # a gap at block 5
-    assert router.costs(k, 11, [Candidate("a", 0)]) == {"a": 9 - 3 * (1 - TIER_LOAD_WEIGHT)}
+    assert costs_of(router, k, 11, [Candidate("a", 0)]) == {"a": 9 - 3 * (1 - TIER_LOAD_WEIGHT)}
     router.index.apply_tier(removed=k[2])
-    assert router.costs(k, 11, [Candidate("a", 0)]) == {"a": 9.0}
+    assert costs_of(router, k, 11, [Candidate("a", 0)]) == {"a": 9.0}
     router.index.apply_tier(stored=k[0], whole=True)  # a snapshot replaces what was known
     assert router.index.tier == {k[0]}
 
@@ -40,7 +41,7 @@ def picks_of(router: Router, k: list[bytes], num_requests: int) -> list[str]:
     load = {"a": 0, "b": 0}
     picks = []
     for _ in range(num_requests):
-        chosen = router.place(k, 11, [Candidate(w, load[w]) for w in load])
+        chosen = router.choose(k, 11, [Candidate(w, load[w]) for w in load])[0]
         load[chosen] += 11
         picks.append(chosen)
     return picks
