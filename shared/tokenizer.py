@@ -1,53 +1,89 @@
 """The model's tokenizer: text <-> token ids and the chat template, for api and tests.
 
-A GGUF tokenizer is cached under $PAGEDSERVE_CACHE_DIR/tokenizers (skipped if unwritable).
+Served by the `tokenizers` library and jinja2 (shared/chat_template.py) without importing
+transformers or torch: transformers runs once per model version to build the tokenizer, and its
+backend (tokenizer.json) and what the api needs of the rest (tokenizer_meta.py) are cached under
+$PAGEDSERVE_CACHE_DIR/tokenizers; later loads read that. `.hf` gives transformers' tokenizer
+on demand (the worker's grammar compiler and tests use it). Unwritable cache: transformers each time.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import shutil
 import tempfile
 
+from pagedserve.shared.chat_template import pick_template, render_chat
 from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
+from pagedserve.shared.tokenizer_meta import (
+    TokenizerMeta,
+    cache_key,
+    clean_up_tokenization,
+    generation_eos_ids,
+    meta_of,
+    read_meta,
+    write_meta,
+)
 
 
 class Tokenizer:
     def __init__(self, hf_tokenizer, extra_eos_token_ids: list[int] | tuple[int, ...] = ()):
-        self.hf = hf_tokenizer
-        eos = [] if hf_tokenizer.eos_token_id is None else [int(hf_tokenizer.eos_token_id)]
-        for token_id in extra_eos_token_ids:
-            if int(token_id) not in eos:
-                eos.append(int(token_id))
-        self.eos_token_ids: list[int] = eos  # the tokenizer's eos first, then generation_config's
-        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
-        self.vocab_size: int = len(hf_tokenizer)  # includes added special tokens
-        # decode through the Rust tokenizer: the HF wrapper adds only Python overhead per token
-        backend = getattr(hf_tokenizer, "backend_tokenizer", None) if getattr(hf_tokenizer, "is_fast", False) else None
-        self._backend = backend if backend is not None and not hf_tokenizer.clean_up_tokenization_spaces else None
+        """From transformers' tokenizer (a first load, tests); `from_backend` is the cached path."""
+        from tokenizers import Tokenizer as Backend
+
+        fast = getattr(hf_tokenizer, "backend_tokenizer", None) if getattr(hf_tokenizer, "is_fast", False) else None
+        backend = None if fast is None else Backend.from_str(fast.to_str())  # a copy: `hf` keeps its settings
+        self._setup(backend, meta_of(hf_tokenizer, extra_eos_token_ids), lambda: hf_tokenizer)
+        self.__dict__["hf"] = hf_tokenizer
+
+    @classmethod
+    def from_backend(cls, backend, meta: TokenizerMeta, load_hf) -> Tokenizer:
+        """backend: a `tokenizers.Tokenizer`; load_hf: () -> transformers' tokenizer of the same model."""
+        tokenizer = cls.__new__(cls)
+        tokenizer._setup(backend, meta, load_hf)
+        return tokenizer
+
+    def _setup(self, backend, meta: TokenizerMeta, load_hf) -> None:
+        self._backend = backend  # None (no fast tokenizer): every call through transformers' tokenizer
+        self.meta = meta
+        self._load_hf = load_hf
+        self.eos_token_ids: list[int] = list(meta.eos_token_ids)  # the tokenizer's eos first, then generation_config's
+        self.bos_token_id: int | None = meta.bos_token_id
+        self.vocab_size: int = meta.vocab_size  # includes added special tokens
+        if backend is not None:  # transformers turns these off per call; the api never pads or truncates
+            backend.no_truncation()
+            backend.no_padding()
+            backend.encode_special_tokens = meta.split_special_tokens
+
+    @functools.cached_property
+    def hf(self):
+        """transformers' tokenizer of this model (imports transformers: not on the api's path)."""
+        return self._load_hf()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        if self._backend is None:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        if self._backend is not None:
-            return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        if self._backend is None:
+            return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return clean_up_tokenization(text) if self.meta.clean_up else text
 
     @property
     def renders_tools(self) -> bool:
         """Its chat template renders `tools` (and assistants' `tool_calls`) itself."""
-        return "tools" in (self.hf.chat_template or "")
+        try:
+            return "tools" in pick_template(self.meta.chat_template, [])
+        except ValueError:
+            return False
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """[{"role", "content"}, ...] -> prompt ids ending with the assistant turn's header."""
-        if not self.hf.chat_template:
-            raise ValueError("this model's tokenizer has no chat template")
-        return list(self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                return_dict=False))
+        text = render_chat(self.meta.chat_template, messages, tools, self.meta.special_tokens)
+        return self.encode(text, add_special_tokens=False)
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:
@@ -59,8 +95,19 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
 def _load_resolved(path: str) -> Tokenizer:
     gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
     if gguf_file:
-        return Tokenizer(load_gguf_hf_tokenizer(gguf_file, _cache_root()))
-    return Tokenizer(_load_hf(path), _generation_eos_ids(path))
+        source, load_hf, extra_eos = gguf_file, lambda: load_gguf_hf_tokenizer(gguf_file, _cache_root()), []
+    else:
+        source, load_hf, extra_eos = path, lambda: _load_hf(path), generation_eos_ids(path)
+    entry = os.path.join(_cache_root(), "tokenizers", cache_key(source))
+    meta = read_meta(entry)
+    if meta is not None:
+        from tokenizers import Tokenizer as Backend
+
+        return Tokenizer.from_backend(Backend.from_file(os.path.join(entry, "tokenizer.json")), meta, load_hf)
+    tokenizer = Tokenizer(load_hf(), extra_eos)  # a first load of this version: transformers, then cached
+    if tokenizer._backend is not None:
+        _publish(entry, tokenizer.meta, tokenizer._backend)
+    return tokenizer
 
 
 load_tokenizer.cache_clear = _load_resolved.cache_clear  # for tests that need a cold load
@@ -70,31 +117,36 @@ def _cache_root() -> str:
     return os.environ.get("PAGEDSERVE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "pagedserve")
 
 
+def _publish(entry: str, meta: TokenizerMeta, backend) -> None:
+    """Writes the backend and meta into the cache entry (a GGUF's entry holds transformers' save too)."""
+    try:
+        if os.path.isfile(os.path.join(entry, "tokenizer.json")):  # transformers' save of a GGUF: add the meta
+            write_meta(entry, meta)
+            return
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(entry))
+        backend.save(os.path.join(staging, "tokenizer.json"))
+        write_meta(staging, meta)
+        try:
+            os.rename(staging, entry)  # atomic: readers never see a half-written cache entry
+        except OSError:  # another process published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError:
+        pass  # read-only home etc.: transformers at every start
+
+
 def _load_hf(directory: str, **kwargs):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory, **kwargs)
 
 
-def _generation_eos_ids(directory: str) -> list[int]:
-    path = os.path.join(directory, "generation_config.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        eos = json.load(f).get("eos_token_id")
-    if eos is None:
-        return []
-    return list(eos) if isinstance(eos, list) else [eos]
-
-
 def load_gguf_hf_tokenizer(gguf_file: str, cache_root: str | None):
     """A transformers tokenizer for a GGUF file, through the on-disk cache when possible."""
     if cache_root is None:
         return _load_hf(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
-    stat = os.stat(gguf_file)
-    key = hashlib.sha256(f"{os.path.realpath(gguf_file)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    cached = os.path.join(cache_root, "tokenizers", key[:24])
-    if os.path.isfile(os.path.join(cached, "tokenizer.json")):
+    cached = os.path.join(cache_root, "tokenizers", cache_key(gguf_file))
+    if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
         return _load_hf(cached)
     tokenizer = _load_hf(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
     try:
