@@ -16,6 +16,7 @@ from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import RequestDelta, SamplingParams
 from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.speculative_config import parse_speculative_config
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Engine:
         self.scheduler = Scheduler(policy, max_num_seqs=self.config.max_num_seqs,
                                    max_num_batched_tokens=self.config.max_num_batched_tokens,
                                    long_prefill_token_threshold=self.config.long_prefill_token_threshold,
-                                   max_model_len=self.max_model_len)
+                                   max_model_len=self.max_model_len,
+                                   speculative_config=parse_speculative_config(self.config.speculative_config))
         self._ids = itertools.count()
         self._tokenizer = None
 

@@ -58,6 +58,8 @@ class EngineConfig:
     policy: str = "fcfs"  # an installed `pagedserve.policies` entry point, loaded when the engine starts
     policy_options: dict = field(default_factory=dict)
     seed: int = 0
+    # vLLM's --speculative-config as a dict or JSON text (shared/speculative_config.py); None: off
+    speculative_config: dict | str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,3 +84,6 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
         need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
         need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")
+        from pagedserve.shared.speculative_config import parse_speculative_config
+
+        parse_speculative_config(self.speculative_config)

@@ -142,6 +142,8 @@ class CachedRequestData:
     new_block_ids: list[int]
     num_computed_tokens: int
     num_scheduled_tokens: int
+    # speculative decoding: the last num_scheduled_tokens - 1 inputs are these guesses, verified in the step
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +197,8 @@ class StepResult:
     tier_stored_bytes: int = 0
     tier_store_seconds: float = 0.0  # their pipelines' time, off the step's critical path
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
+    # accepted draft tokens, each request's in order; they precede its token in `sampled`
+    draft_tokens: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass

@@ -196,9 +196,13 @@ def drop_bad_requests(plan: StepPlan, worker) -> list[tuple[str, str]]:
     for cached in plan.cached_requests:
         state = worker.requests.get(cached.request_id) if cached.request_id in known else None
         end = cached.num_computed_tokens + cached.num_scheduled_tokens
+        known_end = end - len(cached.draft_token_ids)  # drafts are inputs beyond the known tokens
         why = ("unknown request" if state is None
                else "block id out of range" if bad_blocks(cached.new_block_ids)
-               else f"schedules {end} of {len(state.token_ids)} tokens" if end > len(state.token_ids)
+               else "draft token id out of range" if any(not 0 <= t < vocab for t in cached.draft_token_ids)
+               else "drafts not right after its last token" if cached.draft_token_ids and not (
+                   cached.num_computed_tokens < known_end == len(state.token_ids))
+               else f"schedules {known_end} of {len(state.token_ids)} tokens" if known_end > len(state.token_ids)
                else "too few blocks" if (len(state.block_ids) + len(cached.new_block_ids)) * block_size < end
                else None)
         if why is None:

@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one step, prefill chunks and decodes together (default 2048)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
                         help="most tokens one prompt prefills per step (0: no cap; default 256)")
+    parser.add_argument("--speculative-config", default=None,
+                        help='speculative decoding (scheduler), e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     parser.add_argument("--stream-interval", type=int, default=None,
                         help="stream each request's tokens every N tokens, first and last at once (default 1)")
     for name, what in (("--max-waiting-requests", "waiting requests"), ("--max-waiting-tokens", "waiting tokens")):
@@ -117,6 +119,9 @@ def check_args(args: argparse.Namespace) -> None:
     from pagedserve.services.scheduler.main import load_policy
 
     load_policy(args.policy, args.policy_options)  # not installed, or bad options: fail before starting
+    from pagedserve.shared.speculative_config import parse_speculative_config
+
+    parse_speculative_config(getattr(args, "speculative_config", None))
     from pagedserve.shared.model_source import resolve_model
 
     try:
@@ -145,7 +150,8 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
                           ("long_prefill_token_threshold", scheduler),
                           ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
                           ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api),
-                          ("prefill_weight", scheduler), ("decode_weight", scheduler)):
+                          ("prefill_weight", scheduler), ("decode_weight", scheduler),
+                          ("speculative_config", scheduler)):
         if getattr(args, option, None) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
 

@@ -12,6 +12,7 @@ import sys
 
 from pagedserve.shared import redis_io
 from pagedserve.shared.config import ConfigError
+from pagedserve.shared.speculative_config import parse_speculative_config
 from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.scheduler")
@@ -33,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "so a long prompt leaves room for others (0: no cap; default 256)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="plan the next step while the worker runs the current one (default on)")
+    parser.add_argument("--speculative-config", default=None,
+                        help='speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": '
+                             '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (default off; it plans each step '
+                             "after the last one's result, so async scheduling is off with it)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="send a request's tokens to the api every N tokens (its first and last at once); "
                              "more than 1 trades streaming smoothness for less CPU per token (default 1)")
@@ -96,17 +101,21 @@ def run(args: argparse.Namespace) -> int:
         redis_io.setup_logging(args.log_level)
         _check(args)
         policy = load_policy(args.policy, args.policy_options)
+        speculative = parse_speculative_config(args.speculative_config)
     except ConfigError as e:
         log.critical("bad config: %s", e)
         return 2
-    log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s router=%s", args.redis_url,
-             args.prefix, policy.name, args.async_scheduling, args.router)
+    async_scheduling = args.async_scheduling and speculative is None  # drafts need the last step's tokens
+    log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s router=%s speculative=%s",
+             args.redis_url, args.prefix, policy.name, async_scheduling, args.router,
+             speculative.to_json() if speculative else "off")
 
     def make_scheduler() -> Scheduler:  # one per worker; the policy object is shared (loop.py)
         return Scheduler(policy, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                          max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
-                         max_steps_in_flight=2 if args.async_scheduling else 1, stream_interval=args.stream_interval,
-                         long_prefill_token_threshold=args.long_prefill_token_threshold)
+                         max_steps_in_flight=2 if async_scheduling else 1, stream_interval=args.stream_interval,
+                         long_prefill_token_threshold=args.long_prefill_token_threshold,
+                         speculative_config=speculative)
 
     router = Router(args.router, args.prefill_weight, args.decode_weight)
     return redis_io.run_loop(args.redis_url, "scheduler", lambda r: SchedulerLoop(

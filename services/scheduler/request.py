@@ -57,6 +57,7 @@ class Request:
     num_pending_tokens: int = field(default=0, init=False)
     num_kv_known_tokens: int = field(default=0, init=False)  # prompt + output tokens the kvstore was told
     num_streamed_tokens: int = field(default=0, init=False)
+    num_spare_slots: int = field(default=0, init=False)  # KV slots held past num_computed_tokens (rejected drafts)
     unstreamed_logprobs: list[SampledToken] = field(default_factory=list, init=False)
 
     @property
@@ -129,6 +130,7 @@ class Request:
         self.status = RequestStatus.PREEMPTED
         self.num_computed_tokens = 0
         self.num_kv_known_tokens = 0
+        self.num_spare_slots = 0
         self.num_preemptions += 1
         self.is_fresh_fork = False
 

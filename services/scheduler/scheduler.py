@@ -21,6 +21,7 @@ from pagedserve.services.scheduler.request_messages import (
     request_delta,
     stream_delta,
 )
+from pagedserve.services.scheduler.speculation import Speculator
 from pagedserve.services.scheduler.stats import SchedulerCounters, SchedulerStats
 from pagedserve.services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
 from pagedserve.shared.messages import (
@@ -30,9 +31,11 @@ from pagedserve.shared.messages import (
     AllocReply,
     AllocRequest,
     RequestDelta,
+    SampledToken,
     StepPlan,
     StepResult,
 )
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 class Scheduler:
@@ -47,6 +50,7 @@ class Scheduler:
         max_steps_in_flight: int = 1,
         stream_interval: int = 1,
         long_prefill_token_threshold: int = 0,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         if long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
@@ -78,6 +82,7 @@ class Scheduler:
         self._counters = SchedulerCounters()
         self.block_size = 0  # its pool's, from the worker's hello (workers.py); 0 until then
         self._forks = ForkGroups()
+        self._speculator = Speculator(speculative_config)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
@@ -189,6 +194,7 @@ class Scheduler:
             max_model_len=self.max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
         )
+        self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
                             forks=self._forks.take_forks())
@@ -226,8 +232,11 @@ class Scheduler:
                 request.is_fresh_fork = False
                 plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_OK:
-                num_scheduled = candidate.num_new_tokens
-                plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled))
+                num_scheduled = pending.num_scheduled.get(request.request_id, candidate.num_new_tokens)
+                drafts = pending.drafts.get(request.request_id, [])
+                plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled, drafts))
+                in_flight.scheduled.append(self._plan_tokens(request, num_scheduled, drafts))
+                continue
             elif result.status == ALLOC_PREEMPTED and not candidate.is_waiting:
                 preempted.append(request)
                 continue
@@ -243,12 +252,14 @@ class Scheduler:
         self._apply_aborts_after_alloc()
         return plan
 
-    def _plan_tokens(self, request: Request, num_scheduled: int) -> ScheduledRequest:
-        """Count a planned step's tokens as computed now (async scheduling plans ahead)."""
+    def _plan_tokens(self, request: Request, num_scheduled: int, drafts: list[int] = ()) -> ScheduledRequest:
+        """Count a planned step's tokens as computed now (async scheduling plans ahead); drafts too,
+        until the result says how many were rejected."""
         end = request.num_computed_tokens + num_scheduled
+        known_end = end - len(drafts)
         entry = ScheduledRequest(request, num_scheduled,
-                                 samples=end == request.num_tokens + request.num_pending_tokens,
-                                 completes=end == request.num_tokens_to_compute)
+                                 samples=known_end == request.num_tokens + request.num_pending_tokens,
+                                 completes=known_end == request.num_tokens_to_compute, draft_token_ids=list(drafts))
         self._counters.count_computed(request, num_scheduled)
         request.num_computed_tokens = end
         request.num_pending_tokens += entry.samples
@@ -258,6 +269,7 @@ class Scheduler:
         if not self._in_flight or result.step_id != self._in_flight[0].step_id:
             raise RuntimeError(f"unexpected step result for step {result.step_id}")
         sampled = self._in_flight[0].sampled_tokens(result)
+        accepted = self._in_flight[0].accepted_drafts(result)
         self._counters.num_tier_loaded_blocks_total += result.num_tier_loaded_blocks
         self._counters.num_tier_missed_blocks_total += result.num_tier_missed_blocks
         self._counters.tier_load_seconds_total += result.tier_load_seconds
@@ -276,16 +288,14 @@ class Scheduler:
                 if entry.completes and request.status is RequestStatus.RUNNING and self._forks.is_ready(request):
                     self._fork(request)
                 continue
-            token = sampled[request.request_id]
+            tokens = [sampled[request.request_id]]
+            if entry.draft_token_ids:
+                tokens[:0] = self._speculator.verdict(request, entry.draft_token_ids,
+                                                      accepted.get(request.request_id, []))
             request.num_pending_tokens -= 1
-            request.output_token_ids.append(token.token_id)
-            self._counters.num_generation_tokens_total += 1
-            finished_status = request.stop_status(self.max_model_len)
+            finished_status = self._append_tokens(request, tokens)
             if finished_status is not None:
-                self._finish(request, finished_status)
                 finished.append(request)
-            if request.sampling.logprobs is not None:
-                request.unstreamed_logprobs.append(token)
             delta = stream_delta(request, self.stream_interval, finished_status is not None)
             if delta is not None:
                 deltas.append(delta)
@@ -294,6 +304,19 @@ class Scheduler:
             if any(r.is_finished for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if not r.is_finished)
         return deltas
+
+    def _append_tokens(self, request: Request, tokens: list[SampledToken]) -> RequestStatus | None:
+        """Append tokens to the output up to the first that stops it (the rest are dropped)."""
+        for token in tokens:
+            request.output_token_ids.append(token.token_id)
+            self._counters.num_generation_tokens_total += 1
+            if request.sampling.logprobs is not None:
+                request.unstreamed_logprobs.append(token)
+            finished_status = request.stop_status(self.max_model_len)
+            if finished_status is not None:
+                self._finish(request, finished_status)
+                return finished_status
+        return None
 
     def start_step_ids_at(self, step_id: int) -> None:
         """Number steps from step_id (a wall clock, so a dead predecessor's replies never match)."""

@@ -29,6 +29,9 @@ def prefill_chunk_cap(num_computed_tokens: int, threshold: int) -> int | None:
 class CandidateStep:
     step_id: int
     candidates: list[tuple[Request, AllocCandidate]] = field(default_factory=list)
+    # speculation.py: drafts by request, and tokens to run where that differs from num_new_tokens
+    drafts: dict[str, list[int]] = field(default_factory=dict)
+    num_scheduled: dict[str, int] = field(default_factory=dict)
 
 
 def build_candidates(
@@ -100,6 +103,7 @@ class ScheduledRequest:
     num_scheduled: int
     samples: bool  # the step reaches the end of its tokens: the worker samples one
     completes: bool  # the step reaches num_tokens_to_compute
+    draft_token_ids: list[int] = field(default_factory=list)  # verified in this step (speculation.py)
 
 
 @dataclass
@@ -122,3 +126,14 @@ class InFlightStep:
         if not scheduled_ids.issuperset(sampled):
             raise ValueError("step result samples for a request that was not scheduled")
         return sampled
+
+    def accepted_drafts(self, result: StepResult) -> dict[str, list[SampledToken]]:
+        """The result's accepted drafts by request id; ValueError for a request that had none."""
+        accepted: dict[str, list[SampledToken]] = {}
+        for token in result.draft_tokens:
+            accepted.setdefault(token.request_id, []).append(token)
+        drafted = {e.request.request_id: len(e.draft_token_ids) for e in self.scheduled if e.draft_token_ids}
+        for request_id, tokens in accepted.items():
+            if len(tokens) > drafted.get(request_id, 0):
+                raise ValueError(f"step result accepts more drafts than {request_id!r} had")
+        return accepted

@@ -1,0 +1,94 @@
+"""Speculative decoding on the scheduler's side: drafts for decoding requests, lookahead slots, and
+taking the worker's verdict.
+
+A request decoding alone (nothing in flight, every known token but the last computed) gets up to k
+n-gram drafts within the step's leftover token budget; the step computes its last token and the
+drafts (1 + d tokens) and the worker returns the accepted drafts plus one token. Rejected drafts'
+KV slots stay with the request as spare slots (the kvstore holds num_computed_tokens + spare slots),
+and the next steps use them before asking the kvstore for more, so no slot leaks or is counted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedserve.services.scheduler.ngram_proposer import propose_ngram
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.step import CandidateStep
+from pagedserve.shared.messages import SampledToken
+from pagedserve.shared.speculative_config import SpeculativeConfig
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's spec_decode counters: drafts (requests-steps with any), draft tokens, accepted ones,
+    and accepted ones at each draft position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def count(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_drafted:
+            self.accepted_per_pos.extend([0] * (num_drafted - len(self.accepted_per_pos)))
+        for pos in range(num_accepted):
+            self.accepted_per_pos[pos] += 1
+
+
+def can_speculate(request: Request) -> bool:
+    """Decoding with nothing in flight; structured output opts out (its matcher cannot roll back)."""
+    return (request.status is RequestStatus.RUNNING and not request.num_pending_tokens
+            and request.num_computed_tokens == request.num_tokens - 1 and request.sampling.guided is None)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig | None) -> None:
+        self.config = config
+        self.counters = SpecDecodeCounters()
+
+    def plan(self, step: CandidateStep, token_budget: int, max_model_len: int) -> None:
+        """Add drafts to the step's decoding candidates while budget is left, and spend spare slots:
+        step.num_scheduled gets each changed candidate's token count, its num_new_tokens the new slots."""
+        budget_left = token_budget - sum(c.num_new_tokens for _, c in step.candidates)
+        for request, candidate in step.candidates:
+            if candidate.is_waiting or request.is_fresh_fork:
+                continue
+            num_scheduled = candidate.num_new_tokens
+            if self.config is not None and budget_left > 0 and num_scheduled == 1 and can_speculate(request):
+                drafts = self._propose(request, min(budget_left, self._room(request, max_model_len)))
+                if drafts:
+                    step.drafts[request.request_id] = drafts
+                    num_scheduled += len(drafts)
+                    budget_left -= len(drafts)
+            if request.num_spare_slots or num_scheduled != candidate.num_new_tokens:
+                step.num_scheduled[request.request_id] = num_scheduled
+                reused = min(request.num_spare_slots, num_scheduled)
+                request.num_spare_slots -= reused
+                candidate.num_new_tokens = num_scheduled - reused
+
+    def _room(self, request: Request, max_model_len: int) -> int:
+        """Drafts that cannot overrun max_tokens or the context even if all are accepted."""
+        return min(self.config.num_speculative_tokens,
+                   request.sampling.max_tokens - request.num_output_tokens - 1,
+                   max_model_len - request.num_tokens - 1)
+
+    def _propose(self, request: Request, k: int) -> list[int]:
+        if k < 1:
+            return []
+        c = self.config
+        return propose_ngram(request.all_token_ids, c.prompt_lookup_min, c.prompt_lookup_max, k)
+
+    def verdict(self, request: Request, drafts: list[int], accepted: list[SampledToken]) -> list[SampledToken]:
+        """The accepted drafts, checked against what was drafted; rolls back the rejected slots."""
+        if [t.token_id for t in accepted] != drafts[:len(accepted)]:
+            raise ValueError(f"step result accepts tokens that were not drafted for {request.request_id!r}")
+        num_rejected = len(drafts) - len(accepted)
+        if request.status is RequestStatus.RUNNING:  # a request preempted meanwhile holds no slots
+            request.num_computed_tokens -= num_rejected
+            request.num_spare_slots += num_rejected
+        self.counters.count(len(drafts), len(accepted))
+        return accepted
