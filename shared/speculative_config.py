@@ -14,6 +14,8 @@ from pagedserve.shared.config import ConfigError
 METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 32  # drafts per request per step: more only burn budget on a CPU
 DEFAULT_PROMPT_LOOKUP = 5
+# the stats blob's key of accepted drafts at position p: f"{PER_POS_KEY}{p}_total"
+PER_POS_KEY = "spec_decode_num_accepted_tokens_per_pos_"
 _FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from pagedserve.shared.speculative_config import PER_POS_KEY
+
 PREFIX = "pagedserve:"
 disable_created_metrics()  # no *_created series: they only add noise to every scrape
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -85,17 +87,36 @@ class StatsCollector:
             ("resumed_requests", "Preempted or moved requests admitted again.", sched, "num_resumed_total"),
             ("resumed_recomputed_tokens", "Known tokens resumed requests computed again (neither tier had "
              "them).", sched, "num_resumed_recomputed_tokens_total"),
+            ("spec_decode_num_drafts", "Speculative decoding: request steps that verified drafts.", sched,
+             "spec_decode_num_drafts_total"),
+            ("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified.", sched,
+             "spec_decode_num_draft_tokens_total"),
+            ("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted.", sched,
+             "spec_decode_num_accepted_tokens_total"),
         )
         for name, doc, blob, key in counters:
             workers = sched_workers if blob is sched else kv_workers
             family = CounterMetricFamily(PREFIX + name, doc, labels=["worker"])
             yield _per_worker(family, _number(blob, key), workers, key, "departed")
+        yield _accepted_per_pos(sched)
         restarts = self.snapshot.get("launcher", {}).get("restarts", {})  # only under `pagedserve up`
         family = CounterMetricFamily(PREFIX + "service_restarts", "Children restarted by `pagedserve up`.",
                                      labels=["service"])
         for service, count in sorted(restarts.items() if isinstance(restarts, dict) else ()):
             family.add_metric([str(service)], float(count) if isinstance(count, int) else 0.0)
         yield family
+
+
+def _accepted_per_pos(sched: dict) -> CounterMetricFamily:
+    """vLLM's spec_decode_num_accepted_tokens_per_pos: accepted drafts at each draft position (0 first)."""
+    family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                 "Speculative decoding: draft tokens accepted at each position.",
+                                 labels=["worker", "position"])
+    positions = sorted(int(key[len(PER_POS_KEY):-len("_total")]) for key in sched
+                       if key.startswith(PER_POS_KEY) and key[len(PER_POS_KEY):-len("_total")].isdigit())
+    for pos in positions:
+        family.add_metric(["all", str(pos)], _number(sched, f"{PER_POS_KEY}{pos}_total"))
+    return family
 
 
 def _workers(blob: dict) -> dict[str, dict]:

@@ -163,6 +163,9 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return self._counters.snapshot(len(self._running), len(self._waiting))
 
+    def spec_decode_totals(self) -> dict[str, int]:
+        return self._speculator.counters.totals()
+
     def admission_table(self) -> dict:
         queue = queue_stats(list(self._waiting), self.max_waiting_requests, self.max_waiting_tokens)
         return admission_table(self.policy, queue)

@@ -16,7 +16,7 @@ from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
 from pagedserve.shared.messages import SampledToken
-from pagedserve.shared.speculative_config import SpeculativeConfig
+from pagedserve.shared.speculative_config import PER_POS_KEY, SpeculativeConfig
 
 
 @dataclass
@@ -37,6 +37,15 @@ class SpecDecodeCounters:
             self.accepted_per_pos.extend([0] * (num_drafted - len(self.accepted_per_pos)))
         for pos in range(num_accepted):
             self.accepted_per_pos[pos] += 1
+
+    def totals(self) -> dict[str, int]:
+        """Flat counters for the stats blob: spec_decode_* and ..._per_pos_<position>_total."""
+        totals = {"spec_decode_num_drafts_total": self.num_drafts,
+                  "spec_decode_num_draft_tokens_total": self.num_draft_tokens,
+                  "spec_decode_num_accepted_tokens_total": self.num_accepted_tokens}
+        for pos, count in enumerate(self.accepted_per_pos):
+            totals[f"{PER_POS_KEY}{pos}_total"] = count
+        return totals
 
 
 def can_speculate(request: Request) -> bool:

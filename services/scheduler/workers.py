@@ -82,7 +82,7 @@ class WorkerLane:
 
     def counters(self) -> Counter[str]:
         stats = self.sched.stats()
-        return Counter({key: getattr(stats, key) for key in COUNTERS})
+        return Counter({**{key: getattr(stats, key) for key in COUNTERS}, **self.sched.spec_decode_totals()})
 
 
 
@@ -191,4 +191,5 @@ class WorkerTable:
                 "generation_tokens_total": totals["num_generation_tokens_total"],
                 "num_finished_total": totals["num_finished_total"], "router": self.router.mode,
                 **{key: totals[key] for key in COUNTERS[6:]},
+                **{key: value for key, value in totals.items() if key.startswith("spec_decode_")},
                 "workers": workers, "admission": admission_table(template.policy, queue)}

@@ -1,0 +1,164 @@
+"""Speculative decoding through the scheduler and the real kvstore BlockManager, with a worker double
+that verifies drafts as the real one does and models the KV pool slot by slot: every token a row
+reads must sit in its slot with the right position (so a rejected draft's slot is rewritten before
+anyone reads it, and a shared prefix block holds what its hash says). Greedy output equals plain
+autoregressive decoding, alone, batched, with prefix caching and with preemption; slots never leak."""
+
+from __future__ import annotations
+
+import zlib
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
+from pagedserve.shared.speculative_config import SpeculativeConfig
+
+BLOCK_SIZE = 4
+VOCAB = 7  # few tokens: the fake model's output repeats, so drafts are often right and sometimes wrong
+EOS = 6
+NGRAM = SpeculativeConfig("ngram", 3, 1, 3)
+
+
+def next_token(history: list[int]) -> int:
+    """The fake model: the next token from the last two."""
+    return zlib.crc32(bytes(history[-2:])) % VOCAB
+
+
+def autoregressive(prompt: list[int], params: SamplingParams) -> list[int]:
+    out: list[int] = []
+    while len(out) < params.max_tokens:
+        out.append(next_token(prompt + out))
+        if out[-1] == EOS and not params.ignore_eos:
+            break
+    return out
+
+
+class VerifyingWorker:
+    """Keeps each request's tokens from the plan's diffs and a slot -> (position, token) pool."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.blocks: dict[str, list[int]] = {}
+        self.computed: dict[str, int] = {}
+        self.slots: dict[int, tuple[int, int]] = {}
+        self.num_draft_steps = 0
+
+    def _slot(self, request_id: str, position: int) -> int:
+        return self.blocks[request_id][position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        for request_id in plan.finished_request_ids:
+            for table in (self.tokens, self.blocks, self.computed):
+                table.pop(request_id, None)
+        assert not plan.block_copies
+        work = []
+        for new in plan.new_requests:
+            self.tokens[new.request_id], self.blocks[new.request_id] = list(new.token_ids), list(new.block_ids)
+            work.append((new.request_id, new.num_computed_tokens, new.num_scheduled_tokens, []))
+        for cached in plan.cached_requests:
+            assert cached.num_computed_tokens == self.computed[cached.request_id]  # rolled back alike
+            self.blocks[cached.request_id] += cached.new_block_ids
+            work.append((cached.request_id, cached.num_computed_tokens, cached.num_scheduled_tokens,
+                         list(cached.draft_token_ids)))
+        result = StepResult(plan.step_id)
+        for request_id, start, n, drafts in work:
+            tokens = self.tokens[request_id]
+            inputs = tokens[start:start + n - len(drafts)] + drafts
+            assert len(self.blocks[request_id]) * BLOCK_SIZE >= start + n
+            for position in range(start):  # what attention reads: every earlier slot, correct
+                assert self.slots[self._slot(request_id, position)] == (position, tokens[position])
+            for i, token in enumerate(inputs):
+                self.slots[self._slot(request_id, start + i)] = (start + i, token)
+            self.computed[request_id] = start + n
+            if start + n - len(drafts) != len(tokens):
+                continue
+            self.num_draft_steps += bool(drafts)
+            accepted = 0
+            while accepted < len(drafts) and next_token(tokens + drafts[:accepted]) == drafts[accepted]:
+                accepted += 1
+            result.draft_tokens += [SampledToken(request_id, t) for t in drafts[:accepted]]
+            tokens += drafts[:accepted]
+            tokens.append(next_token(tokens))
+            result.sampled.append(SampledToken(request_id, tokens[-1]))
+            self.computed[request_id] -= len(drafts) - accepted
+        return result
+
+
+def run(prompts: list[list[int]], params: list[SamplingParams], num_blocks: int, prefix_caching: bool,
+        speculative: SpeculativeConfig | None, budget: int = 64) -> tuple[list[list[int]], Scheduler, int]:
+    scheduler = Scheduler(FCFSPolicy(), max_num_batched_tokens=budget, max_model_len=256,
+                          speculative_config=speculative)
+    manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=prefix_caching, watermark=0.0)
+    worker = VerifyingWorker()
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        scheduler.add_request(Request(f"r{i}", prompt, p, [EOS], arrival_time=0.0))
+    outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    for _ in range(2000):
+        if not scheduler.has_requests():
+            break
+        plan = scheduler.on_alloc(manager.step(scheduler.schedule()))
+        manager.check_integrity()
+        for delta in scheduler.on_result(worker.execute(plan)):
+            outputs[delta.request_id] += delta.new_token_ids
+    assert not scheduler.has_requests()
+    manager.check_integrity()
+    assert manager.num_free_blocks == num_blocks  # every slot, spare ones too, given back
+    return [outputs[f"r{i}"] for i in range(len(prompts))], scheduler, worker.num_draft_steps
+
+
+PROMPT = [1, 2, 3, 1, 2, 3, 4, 1, 2]
+
+
+def test_a_lone_request_decodes_the_same_tokens_with_drafts_and_counts_them():
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, NGRAM)
+    assert out == autoregressive(PROMPT, params)
+    counters = scheduler._speculator.counters
+    assert draft_steps == counters.num_drafts > 0
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    assert counters.accepted_per_pos[0] >= counters.accepted_per_pos[-1]
+    assert sum(counters.accepted_per_pos) == counters.num_accepted_tokens
+    totals = scheduler.spec_decode_totals()
+    assert totals["spec_decode_num_drafts_total"] == counters.num_drafts
+    assert totals["spec_decode_num_accepted_tokens_per_pos_0_total"] == counters.accepted_per_pos[0]
+
+
+def test_off_by_default_no_drafts():
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, None)
+    assert out == autoregressive(PROMPT, params) and draft_steps == 0
+    assert scheduler.spec_decode_totals()["spec_decode_num_drafts_total"] == 0
+
+
+def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
+    params = SamplingParams(max_tokens=60)
+    prompts = [[a, b, a, b, c] for a in range(3) for b in range(3, 6) for c in range(2)]
+    outs, _, _ = run(prompts, [params] * len(prompts), 256, False, NGRAM)
+    assert outs == [autoregressive(p, params) for p in prompts]
+    assert any(o[-1] == EOS and len(o) < 60 for o in outs)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts=st.lists(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=14), min_size=1, max_size=5),
+       max_tokens=st.lists(st.integers(1, 30), min_size=5, max_size=5),
+       num_blocks=st.integers(12, 40), prefix_caching=st.booleans(), budget=st.sampled_from([4, 9, 64]),
+       k=st.integers(1, 5))
+def test_any_batch_pool_and_budget_give_the_autoregressive_tokens(prompts, max_tokens, num_blocks, prefix_caching,
+                                                                 budget, k):
+    params = [SamplingParams(max_tokens=m, ignore_eos=i % 2 == 0) for i, m in enumerate(max_tokens[:len(prompts)])]
+    outs, scheduler, _ = run(prompts, params, num_blocks, prefix_caching, SpeculativeConfig("ngram", k, 1, 2),
+                             budget)
+    assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
+
+
+def test_preempted_requests_with_spare_slots_resume_with_the_same_tokens():
+    prompts = [PROMPT, PROMPT[::-1], [4, 4, 1, 4, 4, 2]]
+    params = [SamplingParams(max_tokens=40, ignore_eos=True)] * 3
+    outs, scheduler, draft_steps = run(prompts, params, 14, True, NGRAM)
+    assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
+    assert scheduler.stats().num_preemptions_total > 0 and draft_steps > 0
