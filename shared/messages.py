@@ -237,9 +237,10 @@ class SubmitRequest:
 
 @dataclass
 class PrefixCacheReset:
-    """api -> scheduler -> kvstore: forget every cached prefix; reset_id appears in kvstore stats."""
+    """api -> scheduler -> kvstore, in order with submissions: forget every cached prefix (CommandReply)."""
 
-    reset_id: str
+    command_id: str
+    api_id: str
 
 
 @dataclass
@@ -250,7 +251,7 @@ class AbortRequest:
 
 @dataclass
 class SetPolicy:
-    """api -> scheduler, in order with submissions: swap the policy between steps (PolicyReply)."""
+    """api -> scheduler, in order with submissions: swap the policy between steps (CommandReply)."""
 
     command_id: str
     api_id: str
@@ -259,12 +260,14 @@ class SetPolicy:
 
 
 @dataclass
-class PolicyReply:
-    """scheduler -> the api that sent a SetPolicy (on that api's deltas stream)."""
+class CommandReply:
+    """The answer to an admin command, on the deltas stream of the api that sent it: the scheduler's
+    to SetPolicy (result: the policy in force, {"name", "options"}), the kvstore's to
+    PrefixCacheReset (result: its pools' num_cached_blocks and num_prefix_cache_resets after it)."""
 
     command_id: str
     ok: bool
-    policy: dict = field(default_factory=dict)  # {"name", "options"} in force after the command
+    result: dict = field(default_factory=dict)
     error: str = ""
 
 

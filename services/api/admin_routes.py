@@ -1,5 +1,5 @@
 """POST /admin/prefix-cache/reset: the kvstore forgets every cached prefix hash (running requests
-keep their blocks); 200 once it reports done, 504 if not in time, 503 without Redis.
+keep their blocks); 200 once its reply comes, 504 if not in time, 503 without Redis.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ router = APIRouter()
 @router.post("/admin/prefix-cache/reset")
 async def reset_prefix_cache(request: Request) -> dict:
     try:
-        stats = await state_of(request).loop.reset_prefix_cache()
+        reply = await state_of(request).loop.reset_prefix_cache()
     except TimeoutError:
         raise ApiError(504, "the kvstore did not confirm the prefix cache reset", code="kvstore_timeout",
                        type="service_unavailable") from None
     except RedisUnavailable as e:
         raise ApiError(503, str(e), code="unavailable", type="service_unavailable") from None
-    return {"status": "reset", "num_cached_blocks": stats.get("num_cached_blocks", 0),
-            "num_prefix_cache_resets": stats.get("num_prefix_cache_resets", 0)}
+    return {"status": "reset", "num_cached_blocks": reply.result.get("num_cached_blocks", 0),
+            "num_prefix_cache_resets": reply.result.get("num_prefix_cache_resets", 0)}

@@ -23,8 +23,8 @@ from pagedserve.shared import redis_io
 from pagedserve.shared.codec import pack
 from pagedserve.shared.messages import (
     AbortRequest,
+    CommandReply,
     DeltaBatch,
-    PolicyReply,
 )
 from pagedserve.shared.parallel_sampling import child_request_ids
 from pagedserve.shared.redis_connect import async_client
@@ -52,7 +52,7 @@ class ApiLoop(ControlCommands):
                  admission: AdmissionGate | None = None, record_ttl_s: int = 3600):
         self.keys = keys
         self.admission = admission or AdmissionGate()
-        self._commands: dict[str, asyncio.Future] = {}  # SetPolicy command_id -> its PolicyReply
+        self._commands: dict[str, asyncio.Future] = {}  # admin command_id -> its CommandReply
         self.api_id = api_id or uuid.uuid4().hex[:12]
         self.submit_timeout_s = submit_timeout_s
         # a burst of submits waits for a free connection instead of failing
@@ -211,7 +211,7 @@ class ApiLoop(ControlCommands):
         while True:
             try:
                 entries = await redis_io.read_group(self.redis, GROUP, self.api_id,
-                                                    {self.deltas_stream: (DeltaBatch, PolicyReply)}, block_ms=1000,
+                                                    {self.deltas_stream: (DeltaBatch, CommandReply)}, block_ms=1000,
                                                     count=64, noack=False, pending=pending)
                 backoff.reset()
             except _TRANSIENT as e:
@@ -226,7 +226,7 @@ class ApiLoop(ControlCommands):
                 for entry in entries:
                     if entry.error is not None:
                         log.error("dropped a bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
-                    elif isinstance(entry.message, PolicyReply):
+                    elif isinstance(entry.message, CommandReply):
                         future = self._commands.get(entry.message.command_id)
                         if future is not None and not future.done():
                             future.set_result(entry.message)

@@ -36,7 +36,7 @@ async def set_policy(request: Request) -> dict:
         raise ApiError(503, str(e), code="unavailable", type="service_unavailable") from None
     if not reply.ok:
         raise ApiError(400, f"policy change refused: {reply.error}", code="invalid_policy", param="name")
-    return {"policy": reply.policy}
+    return {"policy": reply.result}
 
 
 def _parse(raw: bytes) -> tuple[str, dict]:

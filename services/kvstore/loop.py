@@ -15,7 +15,7 @@ from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_ma
 from pagedserve.services.kvstore.worker_pools import WorkerPools
 from pagedserve.shared import redis_io
 from pagedserve.shared.kv_tier import lru_member, parse_tier_key, tier_key, tier_lru_key, tier_pattern
-from pagedserve.shared.messages import AllocReply, AllocRequest, PrefixCacheReset, WorkerHello
+from pagedserve.shared.messages import AllocReply, AllocRequest, CommandReply, PrefixCacheReset, WorkerHello
 from pagedserve.shared.redis_io import Entry, Heartbeat
 from pagedserve.shared.streams import HEARTBEAT_TTL_S, Keys
 
@@ -28,7 +28,6 @@ INTEGRITY_INTERVAL_S = 10.0
 QUIET_S = 0.5
 LEASE_CHECK_S = 1.0
 HELLO_SCAN = 1000  # hellos read back at start (the worker keeps the stream this long)
-NUM_RESET_IDS = 16
 
 
 class KvStoreLoop:
@@ -50,7 +49,6 @@ class KvStoreLoop:
         self.redis_trouble_at = float("-inf")  # the last Redis error (leases are judged after a grace)
         self.stats_dirty = True
         self.last_block_map = 0.0
-        self.reset_ids: list[str] = []  # PrefixCacheReset ids done, the newest last
         self.tier_lru_seq = 0  # the score of the tier's most recent use recorded in redis
 
     async def run(self, stop: asyncio.Event) -> int:
@@ -73,8 +71,7 @@ class KvStoreLoop:
                             if entry.error is None:
                                 await self._on_hello(entry.entry_id, entry.message)
                         elif isinstance(entry.message, PrefixCacheReset):
-                            self._reset_prefix_cache(entry.message)
-                            await self._sync_tier()
+                            await self._reset_prefix_cache(entry.message)
                         else:
                             await self._on_alloc(entry)
                     if time.monotonic() >= self.next_lease_check:
@@ -175,11 +172,16 @@ class KvStoreLoop:
                         "lease expired" if value is None else "restarted", held)
             self.stats_dirty, self.last_change = True, time.monotonic()
 
-    def _reset_prefix_cache(self, command: PrefixCacheReset) -> None:
+    async def _reset_prefix_cache(self, command: PrefixCacheReset) -> None:
+        """Reset, then stats that show it, then the api's reply: what it reads after the reply is current."""
         num_dropped = self.pools.reset_prefix_cache()
-        log.info("prefix cache reset %s: %d cached prefixes dropped", command.reset_id, num_dropped)
-        self.reset_ids = (self.reset_ids + [command.reset_id])[-NUM_RESET_IDS:]
+        log.info("prefix cache reset %s: %d cached prefixes dropped", command.command_id, num_dropped)
+        await self._sync_tier()
         self.stats_dirty, self.last_change = True, time.monotonic()
+        await self._write_stats(idle=True)
+        stats = self.pools.stats()
+        result = {key: stats[key] for key in ("num_cached_blocks", "num_prefix_cache_resets")}
+        await redis_io.send(self.r, self.keys.api_deltas(command.api_id), CommandReply(command.command_id, True, result))
 
     async def _on_alloc(self, entry: Entry) -> None:
         request: AllocRequest | None = entry.message
@@ -236,7 +238,7 @@ class KvStoreLoop:
             return
         stats = self.pools.stats()
         stats.update(integrity_ok=self.integrity_error is None, integrity_error=self.integrity_error,
-                     prefix_cache_reset_ids=self.reset_ids, incarnation=self.incarnation,
+                     incarnation=self.incarnation,
                      step_id=self.last_step_id, worker_ids=sorted(self.pools.pools))
         await redis_io.write_stats(self.r, self.keys, "kvstore", stats)
         map_due = now - self.last_block_map >= BLOCK_MAP_INTERVAL_S

@@ -23,8 +23,8 @@ from pagedserve.shared import redis_io
 from pagedserve.shared.messages import (
     AbortRequest,
     AllocReply,
+    CommandReply,
     DeltaBatch,
-    PolicyReply,
     PrefixCacheReset,
     RequestDelta,
     SetPolicy,
@@ -59,7 +59,7 @@ class SchedulerLoop:
         self.apis_away: set[str] = set()
         self.redis_trouble_at = float("-inf")
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy | PrefixCacheReset] = []
-        self.policy_replies: list[tuple[str, PolicyReply]] = []
+        self.policy_replies: list[tuple[str, CommandReply]] = []
         self.kv_commands: list[PrefixCacheReset] = []
         self.hello_ids: dict[str, tuple[int, int]] = {}
         self.kv_inc: str | None = None
@@ -274,11 +274,11 @@ class SchedulerLoop:
             policy = load_policy(command.name, command.options if isinstance(command.options, dict) else None)
         except PolicyError as e:
             log.warning("policy change to %r refused: %s", command.name, e)
-            reply = PolicyReply(command.command_id, False, self.workers.policy.describe(), str(e))
+            reply = CommandReply(command.command_id, False, self.workers.policy.describe(), str(e))
         else:
             log.info("policy changed: %s -> %s", self.workers.policy.describe(), policy.describe())
             self.workers.template.policy = policy
-            reply = PolicyReply(command.command_id, True, policy.describe())
+            reply = CommandReply(command.command_id, True, policy.describe())
         self.policy_replies.append((command.api_id, reply))
 
     def _submit(self, sub: SubmitRequest) -> None:

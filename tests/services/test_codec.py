@@ -14,10 +14,10 @@ from pagedserve.shared.messages import (
     AllocRequest,
     AllocResult,
     CachedRequestData,
+    CommandReply,
     DeltaBatch,
     Fork,
     NewRequestData,
-    PolicyReply,
     RequestDelta,
     SampledToken,
     SamplingParams,
@@ -41,7 +41,7 @@ MESSAGES = [
                                                                          [SampledToken("b", 6, -0.5)])]),
     SubmitRequest("r", "api-1", [10, 11], SAMPLING, 1.5, priority=2, tenant=None, output_token_ids=[12]),
     SetPolicy("cmd", "api-1", "fair", {"weights": {"a": 2}}),
-    PolicyReply("cmd", True, {"name": "fair", "options": {}}),
+    CommandReply("cmd", True, {"name": "fair", "options": {}}),
     WorkerHello("0", 100, 16, "smollm2", 8192, [2]),
 ]
 
