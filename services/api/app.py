@@ -57,7 +57,7 @@ def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
                    record_ttl_s=config.record_ttl_s)
     state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
                      max_body_bytes=config.max_body_bytes, limits=limits, api_key=config.api_key)
-    loop.adopt = lambda request_id, meta, submit: ApiRequest.adopted(state, request_id, meta, submit)
+    loop.adopt = lambda request_id, meta, submit: state.open(ApiRequest.adopted(request_id, meta, submit), listen=False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

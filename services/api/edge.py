@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -17,13 +18,15 @@ from starlette.requests import HTTPConnection
 
 from pagedserve.services.api.admission import RequestLimits
 from pagedserve.services.api.inputs import ModelInfo, prepare
-from pagedserve.services.api.loop import ApiLoop
+from pagedserve.services.api.loop import ApiLoop, RedisUnavailable
 from pagedserve.services.api.metrics import ApiMetrics
 from pagedserve.services.api.prompt_batch import PromptBatch, split_prompts
 from pagedserve.services.api.protocol import ApiError, CompletionRequest, parse_body
 from pagedserve.services.api.request import ApiRequest
 
 CLIENT_GONE = "client disconnected"
+
+log = logging.getLogger("pagedserve.api")
 
 
 @dataclass
@@ -55,8 +58,36 @@ class ApiState:
             field = "echo" if request.prompt.echo else "prompt_logprobs"
             raise ApiError(400, f"{field} is served on /v1/completions and /v1/chat/completions only", param=field,
                            code="unsupported")
-        await request.start(self, listen)
+        await self.start(request, listen)
         return request
+
+    def open(self, request: ApiRequest, listen: bool = True) -> ApiRequest:
+        """Its sequences, ended through this api's loop; listen False: nobody streams it from here."""
+        return request.open(self.loop.api_id, self.tokenizer, self.metrics, self.loop.end, listen)
+
+    async def start(self, request: ApiRequest | PromptBatch, listen: bool = True) -> None:
+        """Admit, record and submit it once; ApiError (429, 503): nothing was submitted (a batch's
+        prompts submitted already are aborted)."""
+        if not isinstance(request, PromptBatch):
+            return await self._start(request, listen)
+        for p, one in enumerate(request.requests):
+            try:
+                await self._start(one, listen)
+            except ApiError:
+                for started in request.requests[:p + 1]:
+                    started.close(f"prompt {p} of its batch was refused")
+                raise
+
+    async def _start(self, request: ApiRequest, listen: bool) -> None:
+        self.open(request, listen)
+        self.loop.admission.check(request.tenant)
+        try:
+            await self.loop.submit(request)
+        except RedisUnavailable as e:
+            raise ApiError(503, f"the server cannot take requests right now: {e}", code="unavailable",
+                           type="service_unavailable") from None
+        log.info("request %s submitted: %d prompt tokens, max_tokens %d, n %d", request.request_id,
+                 len(request.prompt_token_ids), request.sampling.max_tokens, len(request.gens))
 
 
 def tenant_of(headers) -> str | None:

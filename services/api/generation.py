@@ -1,5 +1,6 @@
 """One sequence of a request: its tokens, text and finish as the scheduler's deltas give them,
-queued for whoever streams it here and turned into record events (records.py).
+queued for whoever streams it here and turned into record events (records.py). It sends nothing:
+what the scheduler must be told (abort_why) the live table (live_table.py) hands to the loop.
 
 Its request (request.py) holds what the client asked; a sequence holds only its own state.
 """
@@ -18,7 +19,6 @@ from pagedserve.shared.messages import RequestDelta, SampledToken, SubmitRequest
 from pagedserve.shared.parallel_sampling import child_sampling
 
 if TYPE_CHECKING:
-    from pagedserve.services.api.loop import ApiLoop
     from pagedserve.services.api.request import ApiRequest
 
 log = logging.getLogger("pagedserve.api")
@@ -35,13 +35,13 @@ class Output:
 
 
 class Generation:
-    def __init__(self, request: ApiRequest, index: int, sequence_id: str, loop: ApiLoop, tokenizer,
+    def __init__(self, request: ApiRequest, index: int, sequence_id: str, api_id: str, tokenizer,
                  metrics: ApiMetrics, listen: bool = True):
         self.request = request
         self.index = index
         self.sequence_id = sequence_id  # its id at the scheduler (n == 1: the request's)
         self.sampling = child_sampling(request.sampling, index)  # n=1, seed + index
-        self.loop = loop
+        self.api_id = api_id  # the api whose delta stream its submission names
         self.tokenizer = tokenizer
         self.metrics = metrics
         self._text_parts: list[str] = []
@@ -50,6 +50,7 @@ class Generation:
         self.logprobs: list[SampledToken] = []
         self.finish_reason: str | None = None
         self.why: str | None = None  # what ended it, for logs and callers ("client disconnected", ...)
+        self.abort_why: str | None = None  # set when it ended here first: the scheduler must abort it
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_cached_tokens = 0
         self.prompt_logprobs: dict[int, SampledToken] = {}  # prompt index -> its logprob (from 1), as computed
@@ -79,7 +80,7 @@ class Generation:
     def submit_message(self) -> SubmitRequest:
         """Its submission; with the tokens it has so far (a resubmission resumes there)."""
         r = self.request
-        return SubmitRequest(request_id=self.sequence_id, api_id=self.loop.api_id,
+        return SubmitRequest(request_id=self.sequence_id, api_id=self.api_id,
                              prompt_token_ids=r.prompt_token_ids, sampling=self.sampling, arrival_time=time.time(),
                              priority=r.priority, tenant=r.tenant, cache_salt=r.cache_salt,
                              output_token_ids=list(self.token_ids))
@@ -93,12 +94,6 @@ class Generation:
         if self.finished:
             return None
         return await self.outputs.get()
-
-    def abort(self, reason: str = "abort") -> None:
-        """End it now: abort at the scheduler, record finish 'abort'."""
-        if self.finished:
-            return
-        self.loop.end(self, "abort", reason)
 
     def replay(self, token_ids: list[int]) -> None:
         """An adopted sequence: feed the tokens of one recorded event, as they came then."""
@@ -136,7 +131,7 @@ class Generation:
         step = self._detok.add(ids, finished=finish is not None)
         if step.stopped:
             if finish is None:
-                self.loop.abort(self.sequence_id, "stop string")
+                self.abort_why = "stop string"
             finish = "stop"
         self.token_ids.extend(ids)
         logprobs = list(delta.logprobs)[-len(ids):] if ids else []
@@ -151,14 +146,14 @@ class Generation:
                 self.metrics.inter_token_latency.observe(now - self._last_token_time)
             self._last_token_time = now
         if finish is not None:
-            self._finish(finish, "stop string" if step.stopped else finish)
+            self.finish(finish, "stop string" if step.stopped else finish)
         return Output(step.text, ids, logprobs, finish)
 
     def fail(self, error: str) -> Output:
-        """End it with finish_reason "error": it cannot go on (aborted at the scheduler)."""
+        """End it with finish_reason "error": it cannot go on (to abort at the scheduler)."""
         log.error("sequence %s cannot go on: %s", self.sequence_id, error)
-        self.loop.abort(self.sequence_id, error)
-        self._finish("error", error)
+        self.abort_why = error
+        self.finish("error", error)
         return Output("", [], finish_reason="error", error=error)
 
     def event(self, out: Output) -> dict:
@@ -179,7 +174,7 @@ class Generation:
         out = Output(self.text, list(self.token_ids), finish_reason=self.finish_reason)
         return {**self.event(out), "text_offset": 0, "token_offset": 0}
 
-    def _finish(self, reason: str, why: str) -> None:
+    def finish(self, reason: str, why: str) -> None:
         self.finish_reason, self.why = reason, why
         self.metrics.e2e_request_latency.observe(time.monotonic() - self._arrival)
         self.metrics.request_success.labels(finished_reason=reason).inc()

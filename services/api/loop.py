@@ -1,4 +1,5 @@
-"""The api's Redis loop: submit and abort, its delta stream, request records, restart watches.
+"""The api's Redis loop: submit and abort, its delta stream, request records, restart watches;
+what is live here, and what a delta does to it, is the live table's (live_table.py).
 
 Each DeltaBatch's events are appended to the records and the batch acked in one pipeline;
 deltas carry offsets, so a batch re-read after a crash is never applied twice. A new
@@ -11,14 +12,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pagedserve.services.api.admission import REFRESH_S, AdmissionGate
 from pagedserve.services.api.control import ControlCommands
 from pagedserve.services.api.generation import Generation, Output
+from pagedserve.services.api.live_table import LiveTable, record_id_of
 from pagedserve.services.api.records import RecordStore
+from pagedserve.services.api.request import ApiRequest
 from pagedserve.shared import redis_io
 from pagedserve.shared.codec import pack
 from pagedserve.shared.messages import (
@@ -31,14 +32,10 @@ from pagedserve.shared.redis_connect import async_client
 from pagedserve.shared.redis_io import DEFAULT_MAXLEN, REDIS_ERRORS, Backoff, Heartbeat, RunIdWatch
 from pagedserve.shared.streams import FIELD, HEARTBEAT_INTERVAL_S, Keys
 
-if TYPE_CHECKING:
-    from pagedserve.services.api.request import ApiRequest
-
 log = logging.getLogger("pagedserve.api.loop")
 
 GROUP = "api"
 MAX_REDIS_CONNECTIONS = 64  # for the submits of a burst, the readers and the heartbeat
-REMEMBER_ENDED = 10_000  # sequences ended here, so their late deltas are dropped, not adopted
 STOP_STEP_TIMEOUT_S = 3.0  # each step of stop(); uvicorn's graceful shutdown is 5 s, a supervisor's grace 20 s
 _TRANSIENT = REDIS_ERRORS
 
@@ -61,9 +58,7 @@ class ApiLoop(ControlCommands):
                                   health_check_interval=30)  # owns its pool: aclose() closes it
         self.records = RecordStore(self.redis, keys, record_ttl_s)
         self.adopt: Callable[[str, dict, object], ApiRequest] | None = None  # set by the app
-        self._live: dict[str, Generation] = {}  # sequence id -> its Generation, until it finishes
-        self._requests: dict[str, ApiRequest] = {}  # request id -> the request, while a sequence is live
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.table = LiveTable()
         self._write_lock = asyncio.Lock()  # record events are appended in seq order
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
@@ -112,9 +107,7 @@ class ApiLoop(ControlCommands):
     async def submit(self, request: ApiRequest) -> None:
         """Record and submit in one pipeline; RedisUnavailable (nothing submitted) after submit_timeout_s."""
         group = request.group_submit()
-        for gen in request.gens:
-            self._live[gen.sequence_id] = gen
-        self._requests[request.request_id] = request
+        self.table.add(request)
 
         async def op():
             pipe = self.redis.pipeline(transaction=False)
@@ -125,9 +118,7 @@ class ApiLoop(ControlCommands):
         try:
             await self._retry(op, f"submit {request.request_id}", self.submit_timeout_s)
         except BaseException:
-            for gen in request.gens:
-                self._live.pop(gen.sequence_id, None)
-            self._requests.pop(request.request_id, None)
+            self.table.discard(request)
             raise
 
     def abort(self, request_id: str, reason: str = "abort") -> asyncio.Task:
@@ -139,10 +130,10 @@ class ApiLoop(ControlCommands):
     def end(self, gen: Generation, reason: str, why: str) -> None:
         """End a live sequence: abort it at the scheduler, record the finish, wake its listener."""
         self.abort(gen.sequence_id, why)
-        gen._finish(reason, why)
+        gen.finish(reason, why)
         out = Output("", [], finish_reason=reason)
-        submitted = gen.request.request_id in self._requests
-        self._retire(gen)
+        submitted = self.table.request(gen.request.request_id) is not None
+        self.table.retire(gen)
         if gen.outputs is not None:
             gen.outputs.put_nowait(out)
         if submitted:
@@ -150,7 +141,7 @@ class ApiLoop(ControlCommands):
 
     async def cancel(self, request_id: str, reason: str) -> bool:
         """DELETE from any replica: abort every sequence of a request; False: no such record."""
-        request = self._requests.get(request_id)
+        request = self.table.request(request_id)
         if request is not None:
             request.close(reason)
             return True
@@ -171,14 +162,6 @@ class ApiLoop(ControlCommands):
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background write lost: %s", task.exception())
-
-    def _retire(self, gen: Generation) -> None:
-        self._live.pop(gen.sequence_id, None)
-        self._ended[gen.sequence_id] = None
-        while len(self._ended) > REMEMBER_ENDED:
-            self._ended.popitem(last=False)
-        if all(g.finished for g in gen.request.gens):
-            self._requests.pop(gen.request.request_id, None)
 
     async def read_stats(self, names: tuple[str, ...] = ("scheduler", "kvstore")) -> dict[str, dict]:
         """{name: blob} for the names given; a blob missing or unreadable is {}."""
@@ -244,18 +227,13 @@ class ApiLoop(ControlCommands):
                 await asyncio.sleep(backoff.next())
 
     async def _apply(self, batch: DeltaBatch, items: list[tuple[Generation, Output]]) -> None:
-        for delta in batch.deltas:
-            gen = self._live.get(delta.request_id)
-            if gen is None and delta.request_id not in self._ended:
-                gen = await self._adopt(delta.request_id)
-            if gen is None:
-                continue  # ended here already, or no record of it
-            out = gen.apply(delta)
-            if out is None:
-                continue
-            if out.finish_reason is not None:
-                self._retire(gen)
-            items.append((gen, out))
+        for sequence_id in self.table.unknown(batch):
+            if not self.table.knows(sequence_id):  # else adopted with a sequence before it
+                await self._adopt(sequence_id)
+        outputs, aborts = self.table.apply(batch)
+        items.extend(outputs)
+        for sequence_id, why in aborts:
+            self.abort(sequence_id, why)
 
     async def _write(self, items: list[tuple[Generation, Output]], ack: list[bytes] = ()) -> None:
         """Append the events and ack the entries in one pipeline, retried until Redis takes it."""
@@ -281,29 +259,18 @@ class ApiLoop(ControlCommands):
                     log.warning("redis unavailable (writing records): %s; retrying in %.1fs", e, delay)
                     await asyncio.sleep(delay)
 
-    async def _adopt(self, sequence_id: str) -> Generation | None:
+    async def _adopt(self, sequence_id: str) -> None:
         """A sequence submitted before a restart: its request rebuilt and replayed from its record."""
-        record_id = sequence_id.rpartition(".")[0] if "." in sequence_id else sequence_id
+        record_id = record_id_of(sequence_id)
         loaded = await self.records.load(record_id) if self.adopt is not None else None
         if loaded is None:
-            self._ended[sequence_id] = None
+            self.table.forget(sequence_id)
             log.warning("deltas for %s, which has no record: dropped", sequence_id)
-            return None
+            return
         request = self.adopt(record_id, *loaded)
-        for seq, event in await self.records.events(record_id):
-            gen = request.gens[event["index"]]
-            if event.get("finish_reason") is not None:
-                gen.finish_reason = event["finish_reason"]
-            elif not gen.finished:
-                gen.replay(event["token_ids"])
-            request.seq = seq
-        for gen in request.gens:
-            (self._ended.__setitem__(gen.sequence_id, None) if gen.finished else self._live.__setitem__(
-                gen.sequence_id, gen))
-        if not all(gen.finished for gen in request.gens):
-            self._requests[record_id] = request
+        self.table.adopt(request, await self.records.events(record_id))
+        if self.table.request(record_id) is not None:
             log.info("adopted request %s from its record (%d events)", record_id, request.seq)
-        return self._live.get(sequence_id)
 
     async def _refresh_admission(self) -> None:
         while True:
@@ -337,21 +304,21 @@ class ApiLoop(ControlCommands):
         await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
         async with self._write_lock:
             pipe = self.redis.pipeline(transaction=False)
-            for request in list(self._requests.values()):
+            for request in self.table.requests():
                 self.records.create(pipe, request.request_id, request.meta(self.api_id), request.group_submit())
                 for gen in request.gens:
                     request.seq += 1
                     self.records.append(pipe, request.request_id, request.seq, gen.snapshot_event(), gen.finished,
                                         expire=True)
             await pipe.execute()
-        log.warning("redis restarted: %d request records written again", len(self._requests))
+        log.warning("redis restarted: %d request records written again", len(self.table.requests()))
 
     async def _resubmit_all(self, why: str) -> None:
-        gens = list(self._live.values())
+        gens = self.table.sequences()
         log.warning("%s: resubmitting %d live sequences", why, len(gens))
         for gen in gens:
             msg = gen.submit_message()
-            if gen.sequence_id in self._live:
+            if self.table.is_live(gen.sequence_id):
                 await self._retry(lambda m=msg: redis_io.send(self.redis, self.keys.requests, m),
                                   f"resubmit {msg.request_id}", 60.0)
 

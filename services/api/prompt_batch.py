@@ -9,14 +9,10 @@ It stands where openai_routes and openai_format expect an ApiRequest: the first 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from pagedserve.services.api.generation import Output
 from pagedserve.services.api.protocol import ApiError, CompletionRequest
 from pagedserve.services.api.request import ApiRequest, merge
-
-if TYPE_CHECKING:
-    from pagedserve.services.api.edge import ApiState
 
 MAX_PROMPTS = 256  # prompts in one request (each with its n choices)
 
@@ -50,16 +46,6 @@ class PromptBatch:
     @property
     def why(self) -> str | None:
         return self.requests[0].why
-
-    async def start(self, state: ApiState, listen: bool = True) -> None:
-        """Submit every prompt; if one cannot be (429, 503), those submitted already are aborted."""
-        for p, request in enumerate(self.requests):
-            try:
-                await request.start(state, listen)
-            except ApiError:
-                for started in self.requests[:p + 1]:
-                    started.close(f"prompt {p} of its batch was refused")
-                raise
 
     async def outputs(self) -> AsyncIterator[tuple[int, Output]]:
         """(choice index, output) of every sequence of every prompt until all finish."""

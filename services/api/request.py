@@ -8,24 +8,18 @@ it under edge.while_connected, which aborts every sequence still open when it en
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pagedserve.services.api.generation import Generation, Output
-from pagedserve.services.api.loop import RedisUnavailable
-from pagedserve.services.api.protocol import ApiError
 from pagedserve.shared.messages import SamplingParams, SubmitRequest
 from pagedserve.shared.parallel_sampling import child_request_ids
 
 if TYPE_CHECKING:
     from pagedserve.services.api.echo import PromptEcho
-    from pagedserve.services.api.edge import ApiState
     from pagedserve.services.api.tool_calls import ToolUse
-
-log = logging.getLogger("pagedserve.api")
 
 
 @dataclass(eq=False)
@@ -47,34 +41,24 @@ class ApiRequest:
     created: int = field(default_factory=lambda: int(time.time()))
     gens: list[Generation] = field(default_factory=list)  # its sequences, by index, once opened
     seq: int = 0  # the last record event written
+    end: Callable[[Generation, str, str], None] | None = None  # (sequence, finish, why): its api loop's end
 
     @classmethod
-    def adopted(cls, state: ApiState, request_id: str, meta: dict, submit: SubmitRequest) -> ApiRequest:
-        """A request an earlier run of this api submitted, rebuilt from its record (nobody listens)."""
-        request = cls(kind=meta["kind"], model=meta["model"], request_id=request_id,
-                      prompt_token_ids=list(submit.prompt_token_ids), sampling=submit.sampling,
-                      stop=list(meta["stop"]), priority=submit.priority, tenant=submit.tenant,
-                      cache_salt=submit.cache_salt, created=meta["created"])
-        return request.open(state, listen=False)
+    def adopted(cls, request_id: str, meta: dict, submit: SubmitRequest) -> ApiRequest:
+        """A request an earlier run of this api submitted, rebuilt from its record (not opened yet)."""
+        return cls(kind=meta["kind"], model=meta["model"], request_id=request_id,
+                   prompt_token_ids=list(submit.prompt_token_ids), sampling=submit.sampling,
+                   stop=list(meta["stop"]), priority=submit.priority, tenant=submit.tenant,
+                   cache_salt=submit.cache_salt, created=meta["created"])
 
-    def open(self, state: ApiState, listen: bool = True) -> ApiRequest:
+    def open(self, api_id: str, tokenizer, metrics, end: Callable[[Generation, str, str], None],
+             listen: bool = True) -> ApiRequest:
         """Its sequences; listen False: nobody streams it from here (REST), its record is all there is."""
         ids = child_request_ids(self.request_id, self.sampling.n)
-        self.gens = [Generation(self, index, sequence_id, state.loop, state.tokenizer, state.metrics, listen)
+        self.gens = [Generation(self, index, sequence_id, api_id, tokenizer, metrics, listen)
                      for index, sequence_id in enumerate(ids)]
+        self.end = end
         return self
-
-    async def start(self, state: ApiState, listen: bool = True) -> None:
-        """Admit, record and submit it once; raising (ApiError 429 or 503) means nothing was submitted."""
-        self.open(state, listen)
-        state.loop.admission.check(self.tenant)
-        try:
-            await state.loop.submit(self)
-        except RedisUnavailable as e:
-            raise ApiError(503, f"the server cannot take requests right now: {e}", code="unavailable",
-                           type="service_unavailable") from None
-        log.info("request %s submitted: %d prompt tokens, max_tokens %d, n %d", self.request_id,
-                 len(self.prompt_token_ids), self.sampling.max_tokens, len(self.gens))
 
     def meta(self, api_id: str) -> dict:
         """The record's description of it (records.py); with the submission, enough to adopt it."""
@@ -101,9 +85,10 @@ class ApiRequest:
             yield item
 
     def close(self, reason: str) -> None:
-        """Abort every sequence not finished yet."""
+        """Abort every sequence not finished yet (at the scheduler; each records finish "abort")."""
         for gen in self.gens:
-            gen.abort(reason)
+            if not gen.finished:
+                self.end(gen, "abort", reason)
 
     def usage(self) -> dict:
         """The prompt once, the completions of every sequence."""
