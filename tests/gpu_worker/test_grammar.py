@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from pagedserve.services.gpu_worker.sampling.grammar import Grammars, apply_masks
+from pagedserve.services.gpu_worker.sampling.grammar import Grammars, apply_bitmask
 from pagedserve.shared.messages import GuidedDecoding
 
 EOS, VOCAB = 2, 49152
@@ -23,7 +23,7 @@ def grammars(request):
 
 def _mask(grammars, sequences):
     bitmask, rows = grammars.start_masks(sequences).result()
-    logits = apply_masks(torch.zeros(len(sequences), VOCAB), grammars.start_masks(sequences))
+    logits = apply_bitmask(torch.zeros(len(sequences), VOCAB), bitmask, rows)
     return bitmask, rows, logits
 
 

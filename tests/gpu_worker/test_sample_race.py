@@ -111,3 +111,75 @@ def test_any_row_picks_a_kept_token_and_the_same_one_in_any_batch(seed, position
     params, keys[batch_at] = others[:batch_at] + [p] + others[batch_at + 1:], key
     assert _kernel_tokens(logits, params, keys)[batch_at] == alone
     assert torch.isfinite(filtered(logits[batch_at:batch_at + 1], [p])[0, alone])
+
+
+def _bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [N, V] -> the grammar's int32 bitmask [N, ceil(V / 32)] (bit v % 32 of word v / 32)."""
+    n, vocab = allowed.shape
+    padded = torch.zeros(n, (vocab + 31) // 32 * 32, dtype=torch.int64)
+    padded[:, :vocab] = allowed.long()
+    words = (padded.view(n, -1, 32) << torch.arange(32)).sum(dim=2)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _allowed(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows of different densities: one token, a few, about half, all but a few."""
+    g = torch.Generator().manual_seed(seed)
+    density = torch.tensor([1 / vocab, 0.01, 0.5, 0.97] * rows)[:rows].unsqueeze(1)
+    allowed = torch.rand(rows, vocab, generator=g) < density
+    allowed[torch.arange(rows), torch.randint(vocab, (rows,), generator=g)] = True  # never empty
+    return allowed
+
+
+@needs_kernel
+@pytest.mark.parametrize("vocab", [50, 3001])
+def test_the_masked_race_picks_the_torch_token_of_the_masked_logits(vocab):
+    """V not a multiple of 32: the last word's bits past V are never read."""
+    params = _params(2 * len(SETTINGS))
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    allowed = _allowed(len(params), vocab, seed=vocab)
+    masked_logits = logits.masked_fill(~allowed, -math.inf)
+    flags = torch.ones(len(params), dtype=torch.bool)
+    for position in range(6):
+        keys = [seeded_key(p.seed, position) for p in params]
+        tokens = kernel.sample_masked_rows(logits, *row_settings(params), signed_keys(keys), _bitmask(allowed), flags)
+        assert tokens.tolist() == torch_race(masked_logits, params, keys).tolist()
+        assert allowed[torch.arange(len(params)), tokens].all()
+
+
+@needs_kernel
+def test_a_row_without_its_flag_ignores_its_mask_and_races_as_alone():
+    params = _params(6)
+    logits = torch.randn(6, 700, generator=torch.Generator().manual_seed(8))
+    allowed = _allowed(6, 700, seed=8)
+    keys = [seeded_key(p.seed, 3) for p in params]
+    flags = torch.tensor([True, False] * 3)
+    mixed = kernel.sample_masked_rows(logits, *row_settings(params), signed_keys(keys), _bitmask(allowed), flags)
+    plain = _kernel_tokens(logits, params, keys)
+    assert mixed.tolist()[1::2] == plain[1::2]
+    assert all(allowed[i, t] for i, t in enumerate(mixed.tolist()) if flags[i])
+
+
+@needs_kernel
+def test_a_mask_whose_tokens_are_all_at_minus_infinity_gives_its_first_allowed_token():
+    logits = torch.zeros(1, 100)
+    logits[0, 40:] = -math.inf
+    allowed = torch.zeros(1, 100, dtype=torch.bool)
+    allowed[0, [70, 90]] = True
+    params = _params(1)
+    tokens = kernel.sample_masked_rows(logits, *row_settings(params), signed_keys([5]), _bitmask(allowed),
+                                       torch.ones(1, dtype=torch.bool))
+    assert tokens.tolist() == [70]
+
+
+@needs_kernel
+@pytest.mark.parametrize("vocab", [64, 1000])
+def test_mask_rows_is_xgrammars_apply(vocab):
+    import xgrammar as xgr
+
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(4))
+    bitmask = _bitmask(_allowed(5, vocab, seed=4))
+    ours, theirs = logits.clone(), logits.clone()
+    kernel.mask_rows(ours, bitmask, torch.tensor([0, 2, 3]))
+    xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=vocab, indices=[0, 2, 3])
+    assert torch.equal(ours, theirs) and torch.equal(ours[[1, 4]], logits[[1, 4]])

@@ -10,6 +10,9 @@
 // top-k keeps x >= the k-th largest (a heap, no sort); top-p keeps the smallest prefix of the
 // top-k-kept tokens by x descending whose probability reaches top_p (a bisection, then a sort of the
 // few tokens at the cut); min-p keeps x - max >= log(min_p).
+// A grammar's mask (bit v % 32 of int32 word v / 32 set: token v allowed) drops the others before the
+// filters, and the race then visits only the words that allow something: a constrained row costs
+// its allowed tokens, not the vocabulary.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -129,14 +132,63 @@ int64_t race(const float* x, float t, float* score, int64_t V, uint64_t key) {
   return at;
 }
 
+inline uint32_t word_bits(const int32_t* mask, int64_t w, int64_t V) {  // bits past V cleared
+  const uint32_t bits = static_cast<uint32_t>(mask[w]);
+  const int64_t left = V - w * 32;
+  return left >= 32 ? bits : bits & ((1u << left) - 1u);
+}
+
+// x[v] = -inf where the mask forbids v
+void mask_row(float* x, const int32_t* mask, int64_t V) {
+  for (int64_t w = 0; w * 32 < V; ++w) {
+    const uint32_t bits = word_bits(mask, w, V);
+    const int64_t base = w * 32, n = std::min<int64_t>(32, V - base);
+    if (bits == 0xFFFFFFFFu) continue;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) x[base + j] = (bits >> j) & 1u ? x[base + j] : kDropped;
+  }
+}
+
+// the race over the tokens the mask allows, a word of 32 at a time (the same lane arithmetic as
+// race()); the first allowed token if all are at -inf, -1 if none is allowed
+int64_t race_masked(const float* x, float t, const int32_t* mask, int64_t V, uint64_t key) {
+  const uint32_t lo = static_cast<uint32_t>(key), hi = static_cast<uint32_t>(key >> 32);
+  float best = -INFINITY, score[32];
+  int64_t at = -1, first = -1;
+  for (int64_t w = 0; w * 32 < V; ++w) {
+    uint32_t bits = word_bits(mask, w, V);
+    if (bits == 0) continue;
+    const int64_t base = w * 32, n = std::min<int64_t>(32, V - base);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float noise = -std::log(uniform(static_cast<uint32_t>(base + j), lo, hi));
+      score[j] = x[base + j] / t - std::log(noise);
+    }
+    if (first < 0) first = base + __builtin_ctz(bits);
+    for (; bits != 0; bits &= bits - 1) {
+      const int j = __builtin_ctz(bits);
+      if (score[j] > best) best = score[j], at = base + j;
+    }
+  }
+  return at >= 0 ? at : first;
+}
+
 }  // namespace
 
-// logits [N, V] float32; temperature (> 0), top_p, min_p [N] float32; top_k, keys [N] int64 -> tokens [N]
-torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor top_k_, torch::Tensor top_p_,
-                          torch::Tensor min_p_, torch::Tensor keys) {
+// logits [N, V] float32; temperature (> 0), top_p, min_p [N] float32; top_k, keys [N] int64;
+// bitmask [N, ceil(V / 32)] int32 and masked [N] bool (a row's mask counts where masked), or both
+// empty -> tokens [N]
+torch::Tensor sample_masked_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor top_k_,
+                                 torch::Tensor top_p_, torch::Tensor min_p_, torch::Tensor keys, torch::Tensor bitmask,
+                                 torch::Tensor masked_) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.stride(1) == 1,
               "sample_rows logits: [N, V] float32, contiguous rows");
   const int64_t N = logits.size(0), V = logits.size(1);
+  const bool any_mask = masked_.numel() > 0;
+  const auto masks = any_mask ? bitmask.to(torch::kInt).contiguous() : bitmask;
+  const auto masked = any_mask ? masked_.to(torch::kBool).contiguous() : masked_;
+  TORCH_CHECK(!any_mask || (masked.numel() == N && masks.dim() == 2 && masks.size(0) == N &&
+                            masks.size(1) * 32 >= V), "sample_rows bitmask: [N, ceil(V / 32)] int32, masked [N]");
   auto f32 = [&](const torch::Tensor& t) { return t.to(torch::kFloat).contiguous(); };
   auto i64 = [&](const torch::Tensor& t) { return t.to(torch::kLong).contiguous(); };
   const auto temp = f32(temperature), tp = f32(top_p_), mp = f32(min_p_);
@@ -154,12 +206,21 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
       const uint64_t row_key = static_cast<uint64_t>(key.data_ptr<int64_t>()[n]);
       const int64_t k = tk.data_ptr<int64_t>()[n];
       const float p = tp.data_ptr<float>()[n], min_p = mp.data_ptr<float>()[n];
-      if ((k <= 0 || k >= V) && p >= 1.f && min_p <= 0.f) {  // no filter: the race reads the row
+      const int32_t* mask = any_mask && masked.data_ptr<bool>()[n] ? masks.data_ptr<int32_t>() + n * masks.size(1)
+                                                                    : nullptr;
+      const bool filters = (k > 0 && k < V) || p < 1.f || min_p > 0.f;
+      if (mask != nullptr && !filters) {  // the race reads the allowed tokens of the row
+        const int64_t at = race_masked(row, t, mask, V, row_key);
+        tokens[n] = at >= 0 ? at : race(row, t, score.data(), V, row_key);
+        continue;
+      }
+      if (!filters) {  // the race reads the row
         tokens[n] = race(row, t, score.data(), V, row_key);
         continue;
       }
 #pragma omp simd
       for (int64_t v = 0; v < V; ++v) x[v] = row[v] / t;
+      if (mask != nullptr) mask_row(x.data(), mask, V);
       if (k > 0 && k < V) top_k(x.data(), V, k, scratch);
       if (p < 1.f || min_p > 0.f) {
         const float max_x = row_max(x.data(), V);
@@ -170,10 +231,36 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch
           for (int64_t v = 0; v < V; ++v) x[v] = x[v] < floor ? kDropped : x[v];
         }
       }
-      tokens[n] = race(x.data(), 1.f, score.data(), V, row_key);
+      const int64_t at = mask != nullptr ? race_masked(x.data(), 1.f, mask, V, row_key) : -1;
+      tokens[n] = at >= 0 ? at : race(x.data(), 1.f, score.data(), V, row_key);
     }
   });
   return out;
+}
+
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor temperature, torch::Tensor top_k_, torch::Tensor top_p_,
+                          torch::Tensor min_p_, torch::Tensor keys) {
+  const auto none = torch::empty({0}, torch::kInt);
+  return sample_masked_rows(logits, temperature, top_k_, top_p_, min_p_, keys, none, none.to(torch::kBool));
+}
+
+// logits [N, V] float32 (rows contiguous), bitmask [M, ceil(V / 32)] int32, rows [K] int64 (< N and < M):
+// each listed row's forbidden tokens at -inf, in place
+void mask_rows(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.stride(1) == 1,
+              "mask_rows logits: [N, V] float32, contiguous rows");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt && bitmask.is_contiguous() &&
+              bitmask.size(1) * 32 >= logits.size(1), "mask_rows bitmask: [M, ceil(V / 32)] int32, contiguous");
+  const auto index = rows.to(torch::kLong).contiguous();
+  const int64_t K = index.numel(), V = logits.size(1);
+  const int64_t* at = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < K; ++i)
+    TORCH_CHECK(at[i] >= 0 && at[i] < logits.size(0) && at[i] < bitmask.size(0), "mask_rows: row out of range");
+  at::parallel_for(0, K, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      mask_row(logits.data_ptr<float>() + at[i] * logits.stride(0), bitmask.data_ptr<int32_t>() + at[i] * bitmask.size(1),
+               V);
+  });
 }
 
 // keys [N] int64 -> [N, V] float32 Exp(1) noise, the race's (for tests against sampling/noise.py)
@@ -187,6 +274,10 @@ torch::Tensor exponential_noise(torch::Tensor keys, int64_t V) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample_rows", &sample_rows, "filters and an exponential race on counter-based noise, a row at a time",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sample_masked_rows", &sample_masked_rows, "sample_rows with a grammar's token bitmask on some rows",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("mask_rows", &mask_rows, "a grammar's token bitmask applied to some rows, in place",
         py::call_guard<py::gil_scoped_release>());
   m.def("exponential_noise", &exponential_noise, "the race's Exp(1) noise of each key over V tokens",
         py::call_guard<py::gil_scoped_release>());

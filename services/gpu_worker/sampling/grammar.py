@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.shared.messages import GuidedDecoding
 
 log = logging.getLogger("pagedserve.worker")
@@ -112,7 +113,7 @@ class Grammars:
     def start_masks(self, grammars: list[SequenceGrammar | None]) -> Future | _Deferred | None:
         """The bitmask [rows, ceil(V/32)] int32 of a step's sampling rows (None where unconstrained),
         filled on the mask thread (overlap) or when asked for; its result() is (bitmask, constrained
-        row indices). None: no row is constrained."""
+        row indices), which the sampler applies (sampler.sample). None: no row is constrained."""
         if all(g is None for g in grammars):
             return None
         if not self.overlap:
@@ -146,14 +147,16 @@ def _fill(grammars: list[SequenceGrammar | None], vocab_size: int) -> tuple[torc
     return bitmask, rows
 
 
-def apply_masks(logits: torch.Tensor, masks: Future | _Deferred | None) -> torch.Tensor:
-    """The sampler's entry: logits [N, V] float32 with every token a row's grammar forbids at -inf."""
-    if masks is None:
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits [N, V] float32 with every token row i's grammar forbids at -inf, for i in rows (in place)."""
+    if not rows:
         return logits
-    bitmask, rows = masks.result()
-    if rows:
-        import xgrammar as xgr
+    kernel = cpu_extensions.load("sample") if logits.device.type == "cpu" and logits.stride(1) == 1 else None
+    if kernel is not None:
+        kernel.mask_rows(logits, bitmask, torch.tensor(rows, dtype=torch.int64))
+        return logits
+    import xgrammar as xgr
 
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1],
-                                        indices=rows)
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                    vocab_size=logits.shape[1], indices=rows)
     return logits

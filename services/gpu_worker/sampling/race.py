@@ -56,9 +56,22 @@ def torch_race(logits: torch.Tensor, params: list[SamplingParams], keys: list[in
     return (filtered(logits, params) - noise.log()).argmax(dim=1)
 
 
-def race_tokens(logits: torch.Tensor, params: list[SamplingParams], keys: list[int]) -> torch.Tensor:
-    """logits [N, V] float32 of random rows (temperature > 0), a 64-bit noise key per row -> tokens [N]."""
-    kernel = cpu_extensions.load("sample") if logits.device.type == "cpu" else None
+def race_tokens(logits: torch.Tensor, params: list[SamplingParams], keys: list[int],
+                bitmask: torch.Tensor | None = None, masked: list[int] = ()) -> torch.Tensor:
+    """logits [N, V] float32 of random rows (temperature > 0), a 64-bit noise key per row -> tokens [N].
+    bitmask [N, ceil(V / 32)] int32: the grammar masks of the rows listed in masked (the others' rows
+    are not read); without the kernel the caller has applied them to logits already."""
+    kernel = fused_kernel(logits)
     if kernel is None:
         return torch_race(logits, params, keys)
-    return kernel.sample_rows(logits.float().contiguous(), *row_settings(params), signed_keys(keys))
+    if not masked:
+        return kernel.sample_rows(logits.float().contiguous(), *row_settings(params), signed_keys(keys))
+    flags = torch.zeros(len(params), dtype=torch.bool)
+    flags[list(masked)] = True
+    return kernel.sample_masked_rows(logits.float().contiguous(), *row_settings(params), signed_keys(keys),
+                                     bitmask, flags)
+
+
+def fused_kernel(logits: torch.Tensor):
+    """The C++ sampling kernel for these logits (None: torch ops)."""
+    return cpu_extensions.load("sample") if logits.device.type == "cpu" else None

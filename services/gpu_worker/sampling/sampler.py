@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.sampling.grammar import apply_bitmask
 from pagedserve.services.gpu_worker.sampling.logit_bias import apply_logit_bias
 from pagedserve.services.gpu_worker.sampling.noise import random_keys, seeded_key
 from pagedserve.services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
-from pagedserve.services.gpu_worker.sampling.race import race_tokens
+from pagedserve.services.gpu_worker.sampling.race import fused_kernel, race_tokens
 from pagedserve.shared.messages import SampledToken, SamplingParams
 
 
@@ -37,8 +38,15 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
-           token_ids: list[list[int]], num_prompt_tokens: list[int]) -> list[SampledToken]:
-    """logits [N, V] float32 -> a SampledToken per row; logprobs are before penalties, logit_bias and temperature."""
+           token_ids: list[list[int]], num_prompt_tokens: list[int], masks=None) -> list[SampledToken]:
+    """logits [N, V] float32 -> a SampledToken per row; logprobs are after the grammar's mask, before
+    penalties, logit_bias and temperature. masks: the step's grammar masks (Grammars.start_masks),
+    joined here; the kernel's race reads a random row's mask itself and visits only its allowed tokens."""
+    bitmask, masked = masks.result() if masks is not None else (None, [])
+    fused = fused_kernel(logits) is not None
+    # rows whose masked logits torch reads (greedy rows, logprobs), or every masked row without the kernel
+    early = [i for i in masked if not fused or params[i].temperature <= 0.0 or params[i].logprobs is not None]
+    apply_bitmask(logits, bitmask, early)
     processed = apply_logit_bias(apply_penalties(logits, params, token_ids, num_prompt_tokens), params)
     # further logit processors chain here, each [N, V] float32 -> [N, V], rows it does not touch unchanged
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0.0]
@@ -51,7 +59,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list
         sub_params = [params[i] for i in random_rows]
         keys = _noise_keys(sub_params, [len(token_ids[i]) for i in random_rows])
         rows = processed if len(random_rows) == len(params) else processed[random_rows]
-        token_ids_out[random_rows] = race_tokens(rows, sub_params, keys).to(token_ids_out.device)
+        late = set(masked).difference(early)
+        sub_masked = [j for j, i in enumerate(random_rows) if i in late]
+        sub_bitmask = bitmask if not sub_masked or len(random_rows) == len(params) else bitmask[random_rows]
+        token_ids_out[random_rows] = race_tokens(rows, sub_params, keys, sub_bitmask,
+                                                 sub_masked).to(token_ids_out.device)
     token_list = token_ids_out.tolist()
     want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
     out = [SampledToken(request_id=r, token_id=t) for r, t in zip(request_ids, token_list, strict=True)]
