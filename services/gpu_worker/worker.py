@@ -4,7 +4,7 @@ tokens (sampled ones appended here), block table and sampling state."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREE
 from pagedserve.services.gpu_worker.sampling.grammar import Grammars, SequenceGrammar
 from pagedserve.services.gpu_worker.sampling.prompt_logprobs import PromptSpan, prompt_logprobs, prompt_span
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
+from pagedserve.services.gpu_worker.sampling.verify import accept_drafts, draft_histories
 from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
@@ -38,6 +39,7 @@ class _RequestState:
     num_prompt_tokens: int  # token_ids[:num_prompt_tokens] is the prompt (penalties tell them apart)
     num_scheduled_tokens: int = 0
     grammar: SequenceGrammar | None = None  # structured output: its matcher
+    draft_token_ids: list[int] = field(default_factory=list)  # this step's guesses, after its known tokens
 
 
 class Worker:
@@ -102,6 +104,7 @@ class Worker:
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
             state.num_scheduled_tokens = cached.num_scheduled_tokens
+            state.draft_token_ids = list(cached.draft_token_ids)
             scheduled.append(cached.request_id)
         return scheduled
 
@@ -118,8 +121,8 @@ class Worker:
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
-        sample_rows: list[int] = []  # flat index of the last new token of each sampling request
-        sample_ids: list[str] = []
+        sample_rows: list[int] = []  # flat index of the last new token of each sampling request, and of its drafts
+        sample_ids: list[str] = []  # the request of each sampling row (one with d drafts has d + 1 rows)
         spans: list[PromptSpan] = []  # prefill chunks whose requests want the prompt's logprobs
         for request_id, state in zip(scheduled, states, strict=False):
             start, n = state.num_computed_tokens, state.num_scheduled_tokens
@@ -127,13 +130,15 @@ class Worker:
                                state.sampling.prompt_logprobs)
             if span is not None:
                 spans.append(span)
-            input_ids.extend(state.token_ids[start:start + n])
+            drafts = state.draft_token_ids
+            input_ids.extend(state.token_ids[start:start + n - len(drafts)])
+            input_ids.extend(drafts)
             query_lens.append(n)
             seq_lens.append(start + n)
             tables.append(state.block_ids)
-            if start + n == len(state.token_ids):  # reached the end of what it knows: sample
-                sample_rows.append(len(input_ids) - 1)
-                sample_ids.append(request_id)
+            if start + n - len(drafts) == len(state.token_ids):  # reached the end of what it knows: sample
+                sample_rows.extend(range(len(input_ids) - 1 - len(drafts), len(input_ids)))
+                sample_ids.extend([request_id] * (len(drafts) + 1))
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
         positions = AttentionMetadata.positions(meta)
         tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
@@ -150,12 +155,21 @@ class Worker:
             params = [s.sampling for s in sample_states]
             if masks is None and plain_greedy(params):  # the argmax straight from the model's logits
                 tokens = self._greedy(hidden[sample_rows])
-                result.sampled = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
+                rows = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
             else:
                 logits = self.model.compute_logits(hidden[sample_rows])
-                result.sampled = sample(logits, params, sample_ids, [s.token_ids for s in sample_states],
-                                        [s.num_prompt_tokens for s in sample_states], masks)
-            for state, token in zip(sample_states, result.sampled, strict=False):
+                rows = sample(logits, params, sample_ids, draft_histories(sample_ids, sample_states),
+                              [s.num_prompt_tokens for s in sample_states], masks)
+            result.sampled, result.draft_tokens = accept_drafts(rows, [s.draft_token_ids for s in sample_states])
+            accepted = {}
+            for token in result.draft_tokens:
+                accepted.setdefault(token.request_id, []).append(token.token_id)
+            for token in result.sampled:
+                state = self.requests[token.request_id]
+                if state.draft_token_ids:  # rejected drafts' slots are overwritten by the next steps
+                    state.num_computed_tokens -= len(state.draft_token_ids) - len(accepted.get(token.request_id, ()))
+                    state.token_ids.extend(accepted.get(token.request_id, ()))
+                    state.draft_token_ids = []
                 state.token_ids.append(token.token_id)
                 if state.grammar is not None:
                     state.grammar.accept(token.token_id)
