@@ -5,15 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from pagedserve.shared.config_error import ConfigError
+from pagedserve.shared.speculative_config import parse_speculative_config
+
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
                "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 
 
 KV_CACHE_DTYPES = ("auto", "int8")  # auto: the model's dtype; int8: per-row scales (kv_quant.py)
-
-
-class ConfigError(ValueError):
-    pass
 
 
 # the offload tier (kvstore --kv-offload-memory): as big as one worker's default pool, so a
@@ -84,6 +83,4 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
         need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
         need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")
-        from pagedserve.shared.speculative_config import parse_speculative_config
-
         parse_speculative_config(self.speculative_config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pagedserve.shared.config import ConfigError
+from pagedserve.shared.config_error import ConfigError
 
 METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 32  # drafts per request per step: more only burn budget on a CPU

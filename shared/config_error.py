@@ -1,0 +1,5 @@
+"""A bad setting, named: what every validation of config raises, before anything starts."""
+
+
+class ConfigError(ValueError):
+    pass
