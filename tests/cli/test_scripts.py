@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tomllib
 
 from tests.cli.helpers import REPO
@@ -33,14 +34,31 @@ def test_serving_install_has_no_test_extras():
 def test_cpu_machine_takes_cpu_torch_and_no_triton():
     lines = _install()
     cpu_torch = "torch==2.13.0+cpu"
-    assert (f"{cpu_torch} is installed already" in lines
-            or f"pip install -q --extra-index-url https://download.pytorch.org/whl/cpu {cpu_torch}" in lines)
+    assert f"{cpu_torch} is installed already" in lines or f"pip install -q {cpu_torch}" in lines
     assert not any("nvidia" in line or "triton" in line for line in lines)
     assert any(line.startswith("pip install -q --no-deps xgrammar") for line in lines)  # it lists triton
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("triton") for d in pyproject["dependencies"])
     extras = pyproject["optional-dependencies"]
     assert any(d.startswith("triton") for d in extras["nvidia"]) and any(d.startswith("triton") for d in extras["test"])
+
+
+def test_cpu_torch_missing_from_pips_indexes_is_asked_of_pytorchs_once_and_briefly(tmp_path):
+    """No wait on an unreachable index: one retry, a 10 s timeout, and a clear error after it."""
+    fake_pip, fake_python = tmp_path / "pip", tmp_path / "python3"
+    fake_pip.write_text('#!/bin/sh\necho "pip $*"\ncase "$*" in *torch==*) exit 1;; esac\n')
+    fake_python.write_text(f'#!/bin/sh\ncase "$*" in *"import torch"*) exit 1;; esac\nexec {sys.executable} "$@"\n')
+    for path in (fake_pip, fake_python):
+        path.chmod(0o755)
+    env = {**os.environ, "PIP": str(fake_pip), "PAGEDSERVE_CPU_KERNELS": "0", "INSTALL_CHROMIUM": "0",
+           "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "scripts/install.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-3:] == [
+        "pip install -q torch==2.13.0+cpu",
+        "torch==2.13.0+cpu is not on pip's configured indexes: asking https://download.pytorch.org/whl/cpu",
+        "pip install -q --retries 1 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu"]
+    assert "TORCH_CPU_INDEX_URL" in out.stderr
 
 
 def test_torch_index_url_names_the_index():
