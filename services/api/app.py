@@ -51,10 +51,10 @@ class ApiConfig:
 def create_app(config: ApiConfig, tokenizer, info: ModelInfo) -> FastAPI:
     """The app; its lifespan starts the Redis loop and, on shutdown, aborts what runs here.
     info: what it serves, the one source of the context length (main.load_model_info)."""
-    metrics = ApiMetrics()
     limits = RequestLimits(config.max_prompt_tokens, config.max_output_tokens)
     loop = ApiLoop(config.redis_url, Keys(config.prefix), api_id=config.api_id, admission=AdmissionGate(),
                    record_ttl_s=config.record_ttl_s)
+    metrics = ApiMetrics(loop.api_id)
     state = ApiState(loop=loop, tokenizer=tokenizer, info=info, metrics=metrics,
                      max_body_bytes=config.max_body_bytes, limits=limits, api_key=config.api_key)
     loop.adopt = lambda request_id, meta, submit: state.open(ApiRequest.adopted(request_id, meta, submit), listen=False)

@@ -63,7 +63,7 @@ def start_history(app: FastAPI) -> asyncio.Task:
         sched = (await state.loop.read_stats(("scheduler",))).get("scheduler", {})
         tokens = sched.get("generation_tokens_total")
         return Sample(time.time(), float(tokens) if isinstance(tokens, (int, float)) else 0.0,
-                      *_ttft(state.metrics.registry))
+                      *_ttft(state.metrics))
 
     return asyncio.create_task(sample_forever(app.state.dashboard_history, take))
 
@@ -83,10 +83,11 @@ async def _snapshot(request: Request) -> dict:
     stats = await state.loop.read_stats(("scheduler", "kvstore", "block_map"))
     policies = sorted({ep.name for ep in entry_points(group=POLICY_GROUP)})
     missing = await state.loop.missing_services()
-    return build_snapshot(stats, *_ttft(state.metrics.registry), policies, time.time(), missing)
+    return build_snapshot(stats, *_ttft(state.metrics), policies, time.time(), missing)
 
 
-def _ttft(registry) -> tuple[float, float]:
+def _ttft(metrics) -> tuple[float, float]:
     """This api's time-to-first-token sum (s) and count."""
-    return (registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum") or 0.0,
-            registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count") or 0.0)
+    labels = {"api": metrics.api_id}
+    return (metrics.registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum", labels) or 0.0,
+            metrics.registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count", labels) or 0.0)

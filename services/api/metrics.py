@@ -149,21 +149,23 @@ def kv_usage(kv: dict) -> float:
 
 
 class ApiMetrics:
-    """One registry per app, so several apps in one process do not collide."""
+    """One registry per app, so several apps in one process do not collide. The latencies this api
+    measures carry api="<its id>", as engine series carry `worker`: replicas' series stay apart."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_id: str = "api") -> None:
+        self.api_id = api_id
         self.registry = CollectorRegistry()
         self.stats = StatsCollector()
         self.registry.register(self.stats)
         self.time_to_first_token = Histogram(
             PREFIX + "time_to_first_token_seconds", "Time from arrival at the api to the first token.",
-            buckets=_TTFT_BUCKETS, registry=self.registry)
+            ["api"], buckets=_TTFT_BUCKETS, registry=self.registry).labels(api=api_id)
         self.inter_token_latency = Histogram(
             PREFIX + "inter_token_latency_seconds", "Time between successive tokens of a request.",
-            buckets=_ITL_BUCKETS, registry=self.registry)
+            ["api"], buckets=_ITL_BUCKETS, registry=self.registry).labels(api=api_id)
         self.e2e_request_latency = Histogram(
             PREFIX + "e2e_request_latency_seconds", "Time from arrival at the api to the request's end.",
-            buckets=_E2E_BUCKETS, registry=self.registry)
+            ["api"], buckets=_E2E_BUCKETS, registry=self.registry).labels(api=api_id)
         self.request_success = Counter(
             PREFIX + "request_success", "Requests finished, by finish reason.", ["finished_reason"],
             registry=self.registry)
