@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pagedserve.services.bench import codec, fairness, latency, profile, sampler, serve, throughput
+from pagedserve.services.bench import codec, control_plane, fairness, latency, profile, sampler, serve, throughput
 from pagedserve.services.bench.named_workloads import WORKLOADS
 
 
@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     profile.add_arguments(p)
     codec.add_arguments(kinds.add_parser("codec", help="pack + unpack of one step's messages"))
     sampler.add_arguments(kinds.add_parser("sampler", help="the sampler's cost per step, greedy and random rows"))
+    control_plane.add_arguments(kinds.add_parser(
+        "control-plane", help="scheduler, kvstore and Redis against many simulated workers"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
         bench_attention.main(["--repeat", str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else []))
         return 0
-    if args.kind in ("fairness", "codec", "sampler"):
-        return {"fairness": fairness, "codec": codec, "sampler": sampler}[args.kind].run(args)
+    if args.kind in ("fairness", "codec", "sampler", "control-plane"):
+        return {"fairness": fairness, "codec": codec, "sampler": sampler, "control-plane": control_plane}[args.kind].run(args)
     if args.dtype == "auto":  # resolved once, so every system of the run uses the same one
         from pagedserve.services.gpu_worker.device import cpu_has_bf16
 
