@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from pagedserve.shared.config_error import ConfigError
+from pagedserve.shared.scheduler_config import StepLimits
 from pagedserve.shared.speculative_config import parse_speculative_config
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
@@ -39,7 +40,7 @@ def parse_size(text: str | int) -> int:
 
 
 @dataclass
-class EngineConfig:
+class EngineConfig(StepLimits):  # its step limits: scheduler_config.py
     model: str = "smollm2"
     dtype: str = "auto"  # auto: bfloat16 where the CPU/GPU has it, else float32
     device: str = "cpu"
@@ -49,9 +50,6 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES: the pool's storage
     gpu_memory_utilization: float = 0.8  # fraction of free device memory on a GPU
     num_blocks: int | None = None  # overrides the memory budget (tests)
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    long_prefill_token_threshold: int = 256  # one prefill's chunk per step (scheduler/step.py); 0: no cap
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True  # as vLLM: on unless turned off for comparison
     policy: str = "fcfs"  # an installed `pagedserve.policies` entry point, loaded when the engine starts
@@ -61,6 +59,7 @@ class EngineConfig:
     speculative_config: dict | str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.validate()
 
     def validate(self) -> None:
@@ -77,9 +76,6 @@ class EngineConfig:
         need(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}")
         need(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]")
         need(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "at least 1")
-        need(self.max_num_seqs >= 1, "max_num_seqs", "at least 1")
-        need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "at least 1")
-        need(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", "0 (no cap) or more")
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "at least 2")
         need(isinstance(self.policy, str) and bool(self.policy), "policy", "an installed policy's name")
         need(isinstance(self.policy_options, dict), "policy_options", "a dict of the policy's options")

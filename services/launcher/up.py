@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import fields
 
 import httpx
 
@@ -29,6 +30,8 @@ from pagedserve.shared.config import (
     kv_offload_bytes,
     parse_size,
 )
+from pagedserve.shared.options import add_options, command_line, from_args
+from pagedserve.shared.scheduler_config import SchedulerConfig
 
 log = logging.getLogger("pagedserve.up")
 
@@ -54,16 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers to start (data parallel: each its own model copy and KV pool; default 1)")
     parser.add_argument("--threads-per-worker", type=int, default=None,
                         help="CPU threads of each worker (default: the cores split between the workers, at least 1)")
-    parser.add_argument("--router", default="prefix", choices=["prefix", "round-robin"],
-                        help="placement of requests on workers (default prefix: cached prefix against load)")
-    parser.add_argument("--prefill-weight", type=float, default=None, help="router: cost of an uncached prompt block")
-    parser.add_argument("--decode-weight", type=float, default=None, help="router: cost of a block already running")
     parser.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true", default=True,
                         help="share cached prefix blocks between requests (default)")
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                         help="no prefix sharing (to compare)")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                        help="the scheduler plans the next step while the worker runs the current one")
     parser.add_argument("--api-key", default=os.environ.get("PAGEDSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (env PAGEDSERVE_API_KEY)")
     parser.add_argument("--prefix", default=os.environ.get("PAGEDSERVE_PREFIX") or "pagedserve",
@@ -73,19 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /ready (default 180)")
     parser.add_argument("--policy", default="fcfs", help="scheduling policy (`pagedserve policies`; default fcfs)")
     parser.add_argument("--policy-options", default="{}", help="the policy's options as a JSON object")
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="most requests running at once")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="token budget of one step, prefill chunks and decodes together (default 2048)")
-    parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
-                        help="most tokens one prompt prefills per step (0: no cap; default 256)")
     parser.add_argument("--speculative-config", default=None,
                         help='speculative decoding (scheduler), e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
-    parser.add_argument("--stream-interval", type=int, default=None,
-                        help="stream each request's tokens every N tokens, first and last at once (default 1)")
-    for name, what in (("--max-waiting-requests", "waiting requests"), ("--max-waiting-tokens", "waiting tokens")):
-        parser.add_argument(name, type=int, default=None, help=f"admission: past this many {what}, 429")
     for name, what in (("--max-prompt-tokens", "prompt tokens"), ("--max-output-tokens", "max_tokens")):
         parser.add_argument(name, type=int, default=None, help=f"per-request limit on {what} (400 past it)")
+    add_options(parser, SchedulerConfig, defaults=False)  # passed on to the scheduler when given
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -105,17 +94,10 @@ def check_args(args: argparse.Namespace) -> None:
     for option in ("workers", "threads_per_worker"):
         if getattr(args, option, None) is not None and getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
-    from pagedserve.services.scheduler.main import check_router
-
-    check_router(getattr(args, "router", "prefix"), *(1.0 if getattr(args, f, None) is None else getattr(args, f)
-                                                      for f in ("prefill_weight", "decode_weight")))
-    for option in ("max_num_seqs", "max_num_batched_tokens", "stream_interval", "max_waiting_requests",
-                   "max_waiting_tokens", "max_prompt_tokens", "max_output_tokens"):
+    from_args(SchedulerConfig, args)
+    for option in ("max_prompt_tokens", "max_output_tokens"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')}={getattr(args, option)}: must be at least 1")
-    threshold = getattr(args, "long_prefill_token_threshold", None)
-    if threshold is not None and threshold < 0:
-        raise ConfigError(f"--long-prefill-token-threshold={threshold}: must be 0 (no cap) or more")
     from pagedserve.services.scheduler.main import load_policy
 
     load_policy(args.policy, args.policy_options)  # not installed, or bad options: fail before starting
@@ -142,16 +124,10 @@ def service_commands(args: argparse.Namespace, redis_url: str) -> list[tuple[str
     if args.device:
         worker += ["--device", args.device]
     api = ["--model", args.model, "--host", args.host, "--port", str(args.port)]
+    given = [f.name for f in fields(SchedulerConfig) if getattr(args, f.name, None) is not None]
     scheduler = ["--policy", args.policy, "--policy-options", args.policy_options,
-                 "--router", getattr(args, "router", "prefix")]
-    if not getattr(args, "async_scheduling", True):
-        scheduler.append("--no-async-scheduling")
-    for option, extra in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
-                          ("long_prefill_token_threshold", scheduler),
-                          ("stream_interval", scheduler), ("max_waiting_requests", scheduler),
-                          ("max_waiting_tokens", scheduler), ("max_prompt_tokens", api), ("max_output_tokens", api),
-                          ("prefill_weight", scheduler), ("decode_weight", scheduler),
-                          ("speculative_config", scheduler)):
+                 *command_line(from_args(SchedulerConfig, args), given)]
+    for option, extra in (("max_prompt_tokens", api), ("max_output_tokens", api), ("speculative_config", scheduler)):
         if getattr(args, option, None) is not None:
             extra += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import KEY_BYTES
 
-ROUTERS = ("prefix", "round-robin")
 PREDICTED_TTL_S = 30.0
 PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired ones
 # a tier block's cost as a fraction of prefilling it: a load is one MGET and a copy of the block's
@@ -128,10 +127,7 @@ class Candidate:
 
 class Router:
     def __init__(self, mode: str = "prefix", prefill_weight: float = 1.0, decode_weight: float = 1.0) -> None:
-        if mode not in ROUTERS:
-            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {mode!r}")
-        if prefill_weight < 0 or decode_weight < 0 or prefill_weight + decode_weight == 0:
-            raise ValueError("prefill_weight and decode_weight must be >= 0, not both 0")
+        """Settings as SchedulerConfig validated them (shared/scheduler_config.py)."""
         self.mode, self.prefill_weight, self.decode_weight = mode, prefill_weight, decode_weight
         self.index = PrefixIndex()
         self._turn = itertools.count()

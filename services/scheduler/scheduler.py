@@ -35,6 +35,7 @@ from pagedserve.shared.messages import (
     StepPlan,
     StepResult,
 )
+from pagedserve.shared.scheduler_config import SchedulerConfig
 from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
@@ -42,20 +43,21 @@ class Scheduler:
     def __init__(
         self,
         policy: SchedulingPolicy,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = SchedulerConfig.max_num_seqs,
+        max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
         max_model_len: int = 8192,
         max_waiting_requests: int | None = None,
         max_waiting_tokens: int | None = None,
         max_steps_in_flight: int = 1,
-        stream_interval: int = 1,
-        long_prefill_token_threshold: int = 0,
+        stream_interval: int = SchedulerConfig.stream_interval,
+        long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
         speculative_config: SpeculativeConfig | None = None,
     ) -> None:
-        if long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0")
-        if min(max_num_seqs, max_num_batched_tokens, max_model_len, stream_interval) < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens, max_model_len, stream_interval must be >= 1")
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,  # the validation
+                        long_prefill_token_threshold=long_prefill_token_threshold, stream_interval=stream_interval,
+                        max_waiting_requests=max_waiting_requests, max_waiting_tokens=max_waiting_tokens)
+        if max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
         if max_steps_in_flight not in (1, 2):
             raise ValueError("max_steps_in_flight must be 1 (synchronous) or 2 (async scheduling)")
         self.max_steps_in_flight = max_steps_in_flight

@@ -16,6 +16,7 @@ from pagedserve.services.gpu_worker import main as worker_main
 from pagedserve.services.launcher import up
 from pagedserve.services.scheduler import main as scheduler_main
 from pagedserve.shared.config import ConfigError
+from pagedserve.shared.scheduler_config import SchedulerConfig
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -58,10 +59,11 @@ def test_up_refuses_bad_values_naming_the_field(argv, field):
 
 def test_scheduler_validates_the_router_naming_the_field():
     with pytest.raises(ConfigError, match="'decode_weight'"):
-        scheduler_main.check_router("prefix", 1.0, float("nan"))
+        SchedulerConfig(decode_weight=float("nan"))
+    assert scheduler_main.run(_args(scheduler_main, "--decode-weight", "nan")) == 2  # refused before any Redis
     with pytest.raises(ConfigError, match="'router'"):
-        scheduler_main.check_router("random", 1.0, 1.0)
-    scheduler_main.check_router("round-robin", 0.0, 1.0)
+        SchedulerConfig(router="random")
+    assert SchedulerConfig(router="round-robin", prefill_weight=0.0).prefill_weight == 0.0
 
 
 def test_worker_id_defaults_to_host_and_pid_and_bad_ones_are_refused():

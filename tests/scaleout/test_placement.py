@@ -16,7 +16,9 @@ from pagedserve.services.scheduler.placement import (
     block_keys,
     split_keys,
 )
+from pagedserve.shared.config_error import ConfigError
 from pagedserve.shared.messages import AllocCandidate, AllocRequest
+from pagedserve.shared.scheduler_config import SchedulerConfig
 
 BS = 4
 
@@ -112,8 +114,8 @@ def test_round_robin_ignores_cache_and_load():
 @pytest.mark.parametrize("mode, prefill, decode", [("random", 1.0, 1.0), ("prefix", -1.0, 1.0),
                                                    ("prefix", 0.0, 0.0)])
 def test_bad_router_config_is_refused(mode, prefill, decode):
-    with pytest.raises(ValueError):
-        Router(mode, prefill, decode)
+    with pytest.raises(ConfigError):
+        SchedulerConfig(router=mode, prefill_weight=prefill, decode_weight=decode)
 
 
 def test_no_candidate_is_an_error():

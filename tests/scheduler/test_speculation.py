@@ -92,7 +92,7 @@ class VerifyingWorker:
 def run(prompts: list[list[int]], params: list[SamplingParams], num_blocks: int, prefix_caching: bool,
         speculative: SpeculativeConfig | None, budget: int = 64) -> tuple[list[list[int]], Scheduler, int]:
     scheduler = Scheduler(FCFSPolicy(), max_num_batched_tokens=budget, max_model_len=256,
-                          speculative_config=speculative)
+                          long_prefill_token_threshold=0, speculative_config=speculative)
     manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=prefix_caching, watermark=0.0)
     worker = VerifyingWorker()
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
