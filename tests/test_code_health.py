@@ -1,4 +1,4 @@
-"""The shape rules of the code (README "Code rules"), measured on the source as it is: no import
+"""The shape rules of the code (docs/architecture.md), measured on the source as it is: no import
 circle among the installed modules, no file past 400 lines, comments and docstrings at most 12%."""
 
 from __future__ import annotations
