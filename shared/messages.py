@@ -13,7 +13,8 @@ VERSION = 1
 @dataclass
 class GuidedDecoding:
     """Structured output, validated at the api: kind "json" (spec: a JSON schema), "json_object" (any
-    JSON object; spec ""), "regex", or "grammar" (xgrammar EBNF/GBNF; a choice list arrives as one)."""
+    JSON object; spec ""), "regex", "grammar" (xgrammar EBNF/GBNF; a choice list arrives as one), or
+    "structural_tag" (xgrammar's structural tag as JSON: strict tools in tool_choice "auto")."""
 
     kind: str
     spec: str = ""

@@ -52,8 +52,8 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     tools, tool_guide = tool_use(body) if isinstance(body, ChatCompletionRequest) else (None, None)
     if tool_guide is not None:
         if guided is not None:
-            raise ApiError(400, "tool_choice 'required' or a named function cannot be combined with a structured "
-                           "output", param="tool_choice")
+            raise ApiError(400, "tool_choice 'required', a named function or strict tools cannot be combined "
+                           "with a structured output", param="tool_choice")
         guided = tool_guide
     if isinstance(body, ChatCompletionRequest):
         prompt_ids = _chat_prompt(body, tokenizer, tools)

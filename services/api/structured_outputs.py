@@ -72,6 +72,14 @@ def json_schema_guide(schema: Any, param: str) -> GuidedDecoding:
     return GuidedDecoding("json", spec)
 
 
+def structural_tag_guide(tag: dict, param: str) -> GuidedDecoding:
+    """xgrammar's structural tag ({"type": "structural_tag", "format": {...}}) -> GuidedDecoding, checked:
+    free text with tagged, constrained regions (tool calls in "auto" with strict functions)."""
+    spec = json.dumps(tag, ensure_ascii=False)
+    _check_with_xgrammar("structural_tag", spec, param)
+    return GuidedDecoding("structural_tag", spec)
+
+
 def unsupported_keyword(schema: Any, where: str = "") -> str | None:
     """The path of the first unsupported keyword in a schema (None: all supported)."""
     if not isinstance(schema, dict):
@@ -104,9 +112,16 @@ def _response_format(response_format: dict) -> GuidedDecoding | None:
         if not isinstance(spec, dict) or "schema" not in spec:
             raise ApiError(400, "response_format.json_schema must be an object with a 'schema'",
                            param="response_format")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise ApiError(400, "response_format.json_schema.strict must be a boolean", param="response_format")
         return json_schema_guide(spec["schema"], "response_format.json_schema.schema")
-    raise ApiError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                   param="response_format")
+    if kind == "structural_tag":
+        if not isinstance(response_format.get("format"), dict):
+            raise ApiError(400, "response_format.format must be a structural tag format object",
+                           param="response_format")
+        return structural_tag_guide(response_format, "response_format")
+    raise ApiError(400, "response_format.type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
+                   f"got {kind!r}", param="response_format")
 
 
 def _vllm(kind: str, value: Any, param: str) -> GuidedDecoding:
@@ -146,6 +161,8 @@ def _check_with_xgrammar(kind: str, spec: str, param: str) -> None:
     try:
         if kind == "json":
             xgr.Grammar.from_json_schema(spec, any_whitespace=False)
+        elif kind == "structural_tag":
+            xgr.Grammar.from_structural_tag(spec)
         elif kind == "regex":
             xgr.Grammar.from_regex(spec)
         else:
@@ -153,5 +170,6 @@ def _check_with_xgrammar(kind: str, spec: str, param: str) -> None:
     except Exception as e:  # xgrammar raises RuntimeError with its parser's message
         message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         message = message.split(": ", 1)[1] if message.startswith("[") and ": " in message else message
-        what = {"json": "JSON schema", "regex": "regular expression"}.get(kind, "grammar")
+        what = {"json": "JSON schema", "regex": "regular expression", "structural_tag": "structural tag"}.get(
+            kind, "grammar")
         raise ApiError(400, f"{param}: invalid {what}: {message}", param=_field(param)) from None

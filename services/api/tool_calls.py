@@ -8,7 +8,10 @@ server does for generic models). `tool_choice` "auto" parses what the model wrot
 a named function constrain the output with a JSON schema (as vLLM): a JSON array of
 `{"name", "arguments"}` calls, or the named function's `{"name", "arguments"}` object.
 `parallel_tool_calls` false allows one call at most: the array's maxItems, and the first call
-parsed in "auto" (as OpenAI; vLLM keeps the first call too).
+parsed in "auto" (as OpenAI; vLLM keeps the first call too). In "auto", a function with `strict:
+true` makes every `<tool_call>` the model opens a constrained one (xgrammar's triggered tags, as
+vLLM and SGLang do): free text until `<tool_call>`, then one of the functions' names, the
+arguments its parameters schema allows (strict functions) or any JSON object, and the closing tag.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from pagedserve.services.api.protocol import ApiError
-from pagedserve.services.api.structured_outputs import json_schema_guide
+from pagedserve.services.api.structured_outputs import json_schema_guide, structural_tag_guide
 from pagedserve.shared.messages import GuidedDecoding
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -44,10 +47,11 @@ def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
         return None, None
     functions = [_function(tool, i) for i, tool in enumerate(tools)]
+    strict = [tool["function"].get("strict") is True for tool in tools]
     names = [f["name"] for f in functions]
     parallel = body.parallel_tool_calls is not False
     if choice in (None, "auto"):
-        return ToolUse("auto", functions, parallel), None
+        return ToolUse("auto", functions, parallel), _strict_calls(functions, strict, parallel) if any(strict) else None
     if choice == "none":
         return None, None
     if choice == "required":
@@ -74,6 +78,8 @@ def _function(tool, index: int) -> dict:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ApiError(400, f"tools[{index}].function.name must be 1-64 letters, digits, '_', '.', ':' or '-'",
                        param="tools")
+    if function.get("strict") is not None and not isinstance(function["strict"], bool):
+        raise ApiError(400, f"tools[{index}].function.strict must be a boolean", param="tools")
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     json_schema_guide(parameters, f"tools[{index}].function.parameters")
     return {"name": name, "description": function.get("description") or "", "parameters": parameters}
@@ -82,6 +88,18 @@ def _function(tool, index: int) -> dict:
 def _call_schema(function: dict) -> dict:
     return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _strict_calls(functions: list[dict], strict: list[bool], parallel: bool) -> GuidedDecoding:
+    """"auto" with strict functions: any text, and each call the model opens constrained (in the format
+    the prompt shows) to a function's name and arguments."""
+    any_object = {"type": "object", "additionalProperties": True}
+    tags = [{"type": "tag", "begin": f'{START}\n{{"name": {json.dumps(f["name"])}, "arguments": ',
+             "content": {"type": "json_schema", "json_schema": f["parameters"] if s else any_object,
+                         "max_whitespace_cnt": 1},
+             "end": "}\n</tool_call>"} for f, s in zip(functions, strict, strict=True)]
+    return structural_tag_guide({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": [START], "tags": tags, "stop_after_first": not parallel}}, "tools")
 
 
 def template_messages(messages: list[dict], body, use: ToolUse | None, native: bool) -> tuple[list[dict], list | None]:

@@ -35,6 +35,8 @@ def compile_guided(compiler, guided: GuidedDecoding):
         return compiler.compile_regex(guided.spec)
     if guided.kind == "grammar":
         return compiler.compile_grammar(guided.spec)
+    if guided.kind == "structural_tag":  # free text with constrained tagged regions (tools/strict)
+        return compiler.compile_structural_tag(guided.spec)
     raise ValueError(f"unknown structured output kind {guided.kind!r}")
 
 
