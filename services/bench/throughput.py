@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compare-prefix-caching", action="store_true",
                         help="run the engine with prefix caching on, then off, in this one run")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, as vLLM takes it, e.g. \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\'')
+    parser.add_argument("--compare-speculation", action="store_true",
+                        help="in-process: run with --speculative-config, then without, in this one run, and check "
+                             "that the greedy tokens are the same (same_tokens)")
     parser.add_argument("--policy", default="fcfs", help="the in-process engine's scheduling policy (an installed "
                         "`pagedserve policies` name)")
     parser.add_argument("--policy-options", type=_json_object, default={}, metavar="JSON",
@@ -45,7 +51,9 @@ def _json_object(text: str) -> dict:
     return value
 
 
-def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dict:
+def run_engine(requests, args, enable_prefix_caching: bool | None = None, speculative: str | None = None,
+               outputs: dict[str, list[int]] | None = None) -> dict:
+    """One in-process run; outputs (given): each request's tokens by request id."""
     from tqdm import tqdm
 
     from pagedserve.services.engine import Engine
@@ -54,7 +62,8 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
                           kv_cache_dtype=args.kv_cache_dtype,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           enable_prefix_caching=args.enable_prefix_caching if enable_prefix_caching is None
-                          else enable_prefix_caching, policy=args.policy, policy_options=args.policy_options)
+                          else enable_prefix_caching, policy=args.policy, policy_options=args.policy_options,
+                          speculative_config=speculative)
     engine = Engine(config)
     # warm-up outside the clock: one tiny request
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -77,6 +86,8 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
                     continue
                 (itl if d.num_output_tokens > len(d.new_token_ids) else ttft).append(now - last_token_at[d.request_id])
                 last_token_at[d.request_id] = now
+                if outputs is not None:
+                    outputs.setdefault(d.request_id, []).extend(d.new_token_ids)
             new = sum(len(d.new_token_ids) for d in deltas)
             num_output += new
             bar.update(new)
@@ -94,6 +105,10 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None) -> dic
               **latency_summary("ttft", ttft), **latency_summary("itl", itl),
               "num_preemptions": stats.get("num_preemptions", 0),
               "prefix_hit_rate": stats.get("prefix_cache_hits", 0) / max(1, stats.get("prefix_cache_queries", 0))}
+    if speculative:
+        result["system"] += " (ngram speculation)"
+        result["speculative_config"] = speculative
+        result.update(engine.scheduler.spec_decode_totals())
     return result
 
 
@@ -103,14 +118,25 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         configured_policy(args.policy, args.policy_options)  # a bad name fails now, naming the field
+        from pagedserve.shared.speculative_config import parse_speculative_config
+
+        parse_speculative_config(args.speculative_config)
     except ConfigError as e:
         print(f"bad config: {e}", file=sys.stderr)
         return 2
     requests = load_workload(args.workload)
-    if args.compare_prefix_caching:
+    if args.compare_speculation:
+        if not args.speculative_config:
+            print("bad config: --compare-speculation needs --speculative-config", file=sys.stderr)
+            return 2
+        with_spec, without = {}, {}
+        results = [run_engine(requests, args, speculative=args.speculative_config, outputs=with_spec),
+                   run_engine(requests, args, outputs=without)]
+        results[0]["same_tokens"] = with_spec == without
+    elif args.compare_prefix_caching:
         results = [run_engine(requests, args, True), run_engine(requests, args, False)]
     else:
-        results = [run_engine(requests, args)]
+        results = [run_engine(requests, args, speculative=args.speculative_config)]
     if args.baseline == "hf":
         from tqdm import tqdm
 
