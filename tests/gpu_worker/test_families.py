@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import load_config
@@ -34,10 +35,10 @@ def test_logits_match_transformers(tmp_path, name):
     prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = hf_model(torch.tensor([prompt])).logits[0]
-    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+    logits = model.compute_logits(run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches,
                                            [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     run_step(model, kv_caches, [(prompt[:25], 0, BLOCK_TABLE)])
     chunked = model.compute_logits(run_step(model, kv_caches, [(prompt[25:], 25, BLOCK_TABLE)]))
     assert (chunked - expected[25:]).abs().max() < 1e-4
@@ -57,7 +58,7 @@ def test_llama_attention_bias_adds_to_q_k_v_and_o(tmp_path):
     prompt = list(range(3, 40))
     with torch.inference_mode():
         expected = hf_model(torch.tensor([prompt])).logits[0]
-    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+    logits = model.compute_logits(run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches,
                                            [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import GGUF_TYPES, dequantize_tensor, load_config, open_gguf
 from pagedserve.shared.tokenizer import load_tokenizer
@@ -33,7 +34,7 @@ def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type
     prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.inference_mode():
         expected = hf_model(torch.tensor([prompt])).logits[0]
-    logits = model.compute_logits(run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE),
+    logits = model.compute_logits(run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches,
                                            [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
 

@@ -13,6 +13,7 @@ import transformers
 
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
+from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.llama import LlamaForCausalLM, build_model
 from pagedserve.services.gpu_worker.model.weights import load_config, load_weights
@@ -94,7 +95,7 @@ def assert_bf16_choice(exact_logits: torch.Tensor, token: int) -> None:
 
 
 def greedy(model, prompt: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     hidden = run_step(model, kv_caches, [(prompt, 0, BLOCK_TABLE)])
     out = [int(model.compute_logits(hidden[-1:]).argmax(-1))]
     while len(out) < max_new_tokens and out[-1] not in eos_ids:
@@ -186,14 +187,14 @@ def test_prefill_logits_match_transformers(model, hf_model, hf_tokenizer):
     assert len(prompt) == 40
     with torch.inference_mode():
         expected = hf_model(torch.tensor([prompt])).logits[0]
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     logits = model.compute_logits(run_step(model, kv_caches, [(prompt, 0, BLOCK_TABLE)]))
     assert logits.shape == (40, 49152) and logits.dtype == torch.float32
     assert (logits - expected).abs().max() < 1e-3
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
     # the same prompt in two chunks, the second attending to the cached first 25 tokens
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     run_step(model, kv_caches, [(prompt[:25], 0, BLOCK_TABLE)])
     chunked = model.compute_logits(run_step(model, kv_caches, [(prompt[25:], 25, BLOCK_TABLE)]))
     assert (chunked - logits[25:]).abs().max() < 1e-4
@@ -204,10 +205,10 @@ def test_prefill_logits_match_transformers(model, hf_model, hf_tokenizer):
 def test_ragged_batch_equals_separate_requests(model, hf_tokenizer):
     short, long = chat_ids(hf_tokenizer, QUESTION), chat_ids(hf_tokenizer, LONG_QUESTION)
     table_a, table_b = BLOCK_TABLE[:10], BLOCK_TABLE[10:] + [2, 4, 6, 7, 10]
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     alone_a = model.compute_logits(run_step(model, kv_caches, [(short, 0, table_a)]))[-1]
     alone_b = model.compute_logits(run_step(model, kv_caches, [(long, 0, table_b)]))[-1]
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     hidden = run_step(model, kv_caches, [(short, 0, table_a), (long, 0, table_b)])
     both = model.compute_logits(hidden[[len(short) - 1, len(short) + len(long) - 1]])
     assert (both[0] - alone_a).abs().max() < 1e-4
@@ -232,7 +233,7 @@ def test_bfloat16_model_runs_and_agrees_on_first_token(loaded, model, hf_tokeniz
     bf16.load_state_dict_canonical(state)
     assert bf16.layers[0].qkv_proj.dtype == torch.bfloat16
     prompt = chat_ids(hf_tokenizer, QUESTION)
-    exact = run_step(model, model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE), [(prompt, 0, BLOCK_TABLE)])
+    exact = run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches, [(prompt, 0, BLOCK_TABLE)])
     assert_bf16_choice(model.compute_logits(exact[-1:])[0], greedy(bf16.eval(), prompt, 1, [])[0])
 
 
@@ -253,7 +254,7 @@ def test_bfloat16_fused_kernels_are_as_close_to_float32_as_plain_torch(loaded, m
     assert plain.fused is None and plain.layers[0].fused is None
     prompt = chat_ids(hf_tokenizer, QUESTION)
     models = (model, fused, plain)
-    caches = [m.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE) for m in models]
+    caches = [KVPool(m.config, NUM_BLOCKS, BLOCK_SIZE, m.dtype).kv_caches for m in models]
     steps = [[(prompt, 0, BLOCK_TABLE)], [([1000], len(prompt), BLOCK_TABLE)], [([2000], len(prompt) + 1, BLOCK_TABLE)]]
     for i, step in enumerate(steps):
         exact, ours, torch_ops = (run_step(m, c, step).float() for m, c in zip(models, caches, strict=True))
@@ -282,7 +283,7 @@ def test_build_model_from_hf_dir_untied_llama3_rope(tmp_path):
     prompt = torch.randint(0, 96, (60,)).tolist()
     with torch.inference_mode():
         expected = hf_tiny(torch.tensor([prompt])).logits[0]
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     logits = model.compute_logits(run_step(model, kv_caches, [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
 

@@ -11,6 +11,7 @@ import torch
 
 from pagedserve.services.gpu_worker import weight_cache
 from pagedserve.services.gpu_worker.host_memory import HUGE_PAGE, huge_pages_zeros
+from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.startup import StartupPhases, last_phase
 from tests.gpu_worker.family_checkpoints import VOCAB, save_checkpoint
@@ -34,7 +35,7 @@ def _load(model: str, dtype: torch.dtype) -> tuple[torch.nn.Module, StartupPhase
 def _logits(model) -> torch.Tensor:
     """A 30-token prefill then one decode token: [31, vocab]."""
     prompt = torch.randint(0, VOCAB, (31,), generator=torch.Generator().manual_seed(3)).tolist()
-    kv_caches = model.allocate_kv_caches(NUM_BLOCKS, BLOCK_SIZE)
+    kv_caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
     prefill = model.compute_logits(run_step(model, kv_caches, [(prompt[:30], 0, BLOCK_TABLE)]))
     decode = model.compute_logits(run_step(model, kv_caches, [(prompt[30:], 30, BLOCK_TABLE)]))
     return torch.cat([prefill, decode])

@@ -155,17 +155,6 @@ class LlamaForCausalLM(torch.nn.Module):
                 for key, parts in names.items()
                 if all(n in blocks for n in parts) and len({len(blocks[n]) for n in parts}) == 1}
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one layer's cache: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
-        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-
-    def allocate_kv_caches(self, num_blocks: int, block_size: int, dtype=None, device=None) -> list[torch.Tensor]:
-        shape = self.kv_cache_shape(num_blocks, block_size)
-        return [
-            torch.zeros(shape, dtype=dtype or self.dtype, device=device or self.embed_tokens.device)
-            for _ in self.layers
-        ]
-
     @torch.inference_mode()
     def forward(
         self,
