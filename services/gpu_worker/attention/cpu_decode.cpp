@@ -32,27 +32,9 @@
 namespace {
 
 #if defined(__AVX512BF16__)
-// The 16 horizontal sums of v[0..15], as one vector (lane j = sum of v[j]): a transpose-add
-// tree of 45 shuffles and adds, where 16 separate reductions would take about 130.
-inline __m512 sum16(const __m512* v) {
-  __m512 x[8], y[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
-    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: one partial sum of each of 4 vectors
-    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
-    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 // bf16 pool on a CPU with AVX-512 BF16, D = 32 * DW, block_size a multiple of 16.
 // QK: vdpbf16ps on the stored bf16 query and K rows (no widening), 16 tokens' dot products
-// reduced together by sum16, then scaled in fp32. PV: each V row of 32 bf16 is widened as
+// reduced together by Vec16::sum_lanes, then scaled in fp32. PV: each V row of 32 bf16 is widened as
 // its even and odd elements (a shift and a mask, no lane crossing), so the accumulators hold
 // the output split by parity, put back in order once per request at the end.
 template <int DW, int G>
@@ -111,7 +93,7 @@ void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFl
                     part[t] = _mm512_dpbf16_ps(part[t], qw[w], (__m512bh)_mm512_loadu_si512(k_row + 32 * w));
                 }
               }
-              __m512 s = _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale));
+              __m512 s = _mm512_mul_ps(Vec16::sum_lanes(part), _mm512_set1_ps(scale));
               s = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1u), no_score, s);
               _mm512_storeu_ps(p.data() + g * BS + t0, s);
             }

@@ -26,7 +26,23 @@ struct Vec16 {
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-  static float sum(T v) { return _mm512_reduce_add_ps(v); }
+  // lane j = the sum of v[j]'s lanes, j < 16: a transpose-add tree of 45 shuffles and adds,
+  // where 16 separate reductions take about 130
+  static T sum_lanes(const T* v) {
+    __m512 x[8], y[4];
+    for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+      x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  // per 128-bit lane: one partial sum of each of 4 vectors
+      const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
+      y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
 };
 #endif
 
@@ -48,25 +64,27 @@ struct Vec8 {
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(T v) {
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+  // lane j = the sum of v[j]'s lanes, j < 8: three levels of pairwise adds, one 128-bit swap
+  static T sum_lanes(const T* v) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
   }
 };
 #endif
 
 #if defined(PAGEDSERVE_DECODE_SIMD)
 // The same walk with vector intrinsics (V: Vec16 or Vec8), D = V::kLanes * DV: K/V rows
-// widened a vector at a time, a score is DV fused multiply-adds and one horizontal add, and
+// widened a vector at a time, a score is DV fused multiply-adds, kLanes tokens' scores are
+// reduced together (sum_lanes: one transpose-add tree, not kLanes horizontal adds), and
 // the PV update is DV broadcast-FMAs per head with the accumulators in L1 (the portable
 // loop's bf16 widening and short reductions do not vectorise).
 // DV vectors per row, G query heads per KV head, both compile-time so that a group's query
 // rows and output accumulators (G * DV vectors each) stay in registers for a block (with 16
 // lanes; with 8 some spill to L1).
 // kv_t: the pool's storage, scalar_t or int8_t (KvRow: D values then the row's scale); an int8
-// row's scale multiplies its score after the dot product and its softmax weight before the PV
-// FMAs, so dequantizing costs two multiplies per token, not one per element.
+// row's scale multiplies its score after the dot product (kLanes scores at once) and its softmax
+// weight before the PV FMAs, so dequantizing costs two multiplies per token, not one per element.
 template <typename V, typename scalar_t, typename kv_t, int DV, int G>
 void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t* v_pool,
                  const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
@@ -114,15 +132,32 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
             typename V::T qv[GB][DV];
             for (int g = 0; g < GB; ++g)
               for (int i = 0; i < DV; ++i) qv[g][i] = V::load(qf.data() + (h0 + g0 + g) * D + V::kLanes * i);
-            for (int64_t t = 0; t < num_tokens; ++t) {
-              const kv_t* k_row = k_block + t * token_stride + kv_head * KvRow<kv_t>::width(D);
-              typename V::T kt[DV];
-              for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
-              const float k_scale = KvRow<kv_t>::scale(k_row, D);
+            for (int64_t t0 = 0; t0 < num_tokens; t0 += V::kLanes) {
+              const int64_t n = std::min<int64_t>(V::kLanes, num_tokens - t0);
+              typename V::T part[GB][V::kLanes];  // per head, token t0 + j's products in part[g][j]
+              alignas(64) float k_scale[V::kLanes];
+              for (int64_t j = 0; j < V::kLanes; ++j) {
+                if (j >= n) {
+                  for (int g = 0; g < GB; ++g) part[g][j] = V::set1(0.f);
+                  k_scale[j] = 0.f;
+                  continue;
+                }
+                const kv_t* k_row = k_block + (t0 + j) * token_stride + kv_head * KvRow<kv_t>::width(D);
+                typename V::T kt[DV];
+                for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
+                k_scale[j] = KvRow<kv_t>::scale(k_row, D);
+                for (int g = 0; g < GB; ++g) {
+                  typename V::T s = V::mul(qv[g][0], kt[0]);
+                  for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
+                  part[g][j] = s;
+                }
+              }
               for (int g = 0; g < GB; ++g) {
-                typename V::T s = V::mul(qv[g][0], kt[0]);
-                for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
-                p[(g0 + g) * BS + t] = KvRow<kv_t>::kQuantized ? V::sum(s) * k_scale : V::sum(s);
+                typename V::T s = V::sum_lanes(part[g]);
+                if constexpr (KvRow<kv_t>::kQuantized) s = V::mul(s, V::load(k_scale));
+                alignas(64) float sums[V::kLanes];
+                V::store(sums, s);
+                std::copy(sums, sums + n, p.data() + (g0 + g) * BS + t0);
               }
             }
           }
