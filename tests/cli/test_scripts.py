@@ -4,6 +4,7 @@ pip commands (nothing is installed), chromium left out and the kernels switched 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -79,3 +80,21 @@ def test_up_and_test_scripts_call_the_install_they_need():
     assert not any("8000" in line for line in up if not line.startswith("#"))  # `up` prints the URL it serves
     assert "bash scripts/install.sh --test" in (REPO / "scripts/test.sh").read_text().splitlines()
     assert (REPO / ".ci/run").read_text().rstrip().endswith("exec bash scripts/test.sh")
+
+
+def test_time_start_summarises_the_warm_runs():
+    """scripts/time_start.py: medians over all runs but the first (it may build the caches)."""
+    spec = importlib.util.spec_from_file_location("time_start", REPO / "scripts/time_start.py")
+    time_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_start)
+
+    def run(ready, first, api, model):
+        return {"ready_s": ready, "first_token_s": first, "timeline_s": {"api_listening": api, "ready": ready},
+                "worker_phases_s_cpu": {"imports": [1.0, 0.5], "model": model}}
+
+    got = time_start.summary([run(90.0, 95.0, 9.0, [60.0, 50.0]), run(3.0, 3.5, 1.0, [1.0, 0.8]),
+                              run(4.0, 4.5, 2.0, [2.0, 0.9]), run(5.0, 5.5, 1.5, [3.0, 1.0])])
+    assert got == {"warm_runs": 3, "ready_s": 4.0, "first_token_s": 4.5,
+                   "timeline_s": {"api_listening": 1.5, "ready": 4.0},
+                   "worker_phases_s": {"imports": 1.0, "model": 2.0}, "worker_phases_cpu_s": {"imports": 0.5, "model": 0.9}}
+    assert time_start.PHASE.search("startup phase model done in 4.29 s (CPU 1.03 s)").groups() == ("model", "4.29", "1.03")
