@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 ROOT_HASH = b"\x00" * 32  # the parent of a request's first block when nothing else is keyed
 
@@ -32,3 +33,22 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int, parent: bytes = 
         parent = hash_block(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
+
+
+@dataclass
+class BlockHashes:
+    """One request's chained full-block hashes, each computed once as its tokens become known (as
+    vLLM's request.block_hashes); they travel with it to the router and the kvstore."""
+
+    root: bytes
+    block_size: int
+    hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens the hashes cover (whole blocks)."""
+        return len(self.hashes) * self.block_size
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """token_ids: the request's tokens from num_tokens on; each full block among them is hashed."""
+        self.hashes.extend(hash_full_blocks(token_ids, self.block_size, self.hashes[-1] if self.hashes else self.root))

@@ -46,7 +46,10 @@ class AllocCandidate:
     """A request that wants this step, in policy order. num_new_tokens: to compute now (nothing
     cached assumed); num_tokens: all known, which must fit (plus a watermark) to admit; token_ids: a
     waiting request's tokens, or new ones from token_ids_start (-1: this step's slots), hashed as
-    blocks fill; cache_salt keys the prefix hash, so different salts never share a block."""
+    blocks fill; cache_salt keys the prefix hash, so different salts never share a block.
+    block_hashes: the hashes of the full blocks token_ids complete (the first is block
+    token_ids_start // block_size; a waiting request's: all of them), hashed once by the
+    scheduler; empty: the kvstore hashes the tokens itself."""
 
     request_id: str
     num_new_tokens: int
@@ -55,6 +58,7 @@ class AllocCandidate:
     token_ids: list[int] = field(default_factory=list)
     cache_salt: str = ""
     token_ids_start: int = -1
+    block_hashes: list[bytes] = field(default_factory=list)
 
 
 @dataclass

@@ -42,7 +42,7 @@ def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
             continue
         manager.free(candidate.request_id)  # a waiting request holds nothing: drop a stale table
         admitted = manager.admit(candidate.request_id, candidate.num_tokens, candidate.num_new_tokens,
-                                 candidate.token_ids, candidate.cache_salt) if admitting else None
+                                 candidate.token_ids, candidate.cache_salt, candidate.block_hashes) if admitting else None
         if admitted is None:
             admitting = False
             results[index] = AllocResult(candidate.request_id, ALLOC_NOT_ADMITTED)
@@ -61,7 +61,7 @@ def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
     whole_table = manager.is_fresh_fork(candidate.request_id)  # the worker has not seen it
     while True:
         new_block_ids = manager.allocate_slots(candidate.request_id, candidate.num_new_tokens, candidate.token_ids,
-                                               candidate.token_ids_start)
+                                               candidate.token_ids_start, candidate.block_hashes)
         if new_block_ids is not None:
             if whole_table:
                 new_block_ids = manager.get_block_ids(candidate.request_id)
@@ -109,3 +109,15 @@ def _validate(manager: BlockManager, request: AllocRequest) -> None:
         if candidate.is_waiting and candidate.token_ids and len(candidate.token_ids) != candidate.num_tokens:
             raise ValueError(f"step {request.step_id}: waiting {candidate.request_id!r} has "
                              f"{len(candidate.token_ids)} token ids for num_tokens={candidate.num_tokens}")
+        _validate_hashes(candidate, manager.block_size, request.step_id)
+
+
+def _validate_hashes(candidate: AllocCandidate, block_size: int, step_id: int) -> None:
+    """Given hashes are one per block the candidate's token ids fill (a waiting request's: all)."""
+    if not candidate.block_hashes:
+        return
+    start = 0 if candidate.is_waiting else candidate.token_ids_start
+    wanted = (start + len(candidate.token_ids)) // block_size - start // block_size if start >= 0 else -1
+    if len(candidate.block_hashes) != wanted or any(len(h) != 32 for h in candidate.block_hashes):
+        raise ValueError(f"step {step_id}: {candidate.request_id!r} has {len(candidate.block_hashes)} block "
+                         f"hashes for its {len(candidate.token_ids)} token ids from {start}")

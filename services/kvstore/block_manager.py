@@ -77,9 +77,10 @@ class BlockManager:
         return self.num_blocks_needed(request_id, num_total_tokens) + num_copies <= self.pool.num_free_blocks
 
     def allocate_slots(self, request_id: str, num_new_tokens: int, token_ids: Sequence[int] = (),
-                       token_ids_start: int = -1) -> list[int] | None:
+                       token_ids_start: int = -1, block_hashes: Sequence[bytes] = ()) -> list[int] | None:
         """New block ids, or None (no change) if too few are free; token_ids start at
-        token_ids_start (-1: the new slots) and may lag the slots but never leave a gap."""
+        token_ids_start (-1: the new slots) and may lag the slots but never leave a gap;
+        block_hashes: those of the blocks they fill (BlockTable.add_known_tokens)."""
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if not self.can_allocate(request_id, num_new_tokens):
@@ -95,14 +96,15 @@ class BlockManager:
         table.num_tokens += num_new_tokens
         new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
         table.blocks.extend(new_blocks)
-        table.add_known_tokens(start, list(token_ids), self.block_size)
+        table.add_known_tokens(start, list(token_ids), self.block_size, block_hashes if token_ids_start >= 0 else ())
         self._cache_full_blocks(request_id, table)
         return [block.block_id for block in new_blocks]
 
-    def admit(self, request_id: str, num_tokens: int, num_new_tokens: int,
-              token_ids: Sequence[int] = (), cache_salt: str = "") -> tuple[list[int], int] | None:
+    def admit(self, request_id: str, num_tokens: int, num_new_tokens: int, token_ids: Sequence[int] = (),
+              cache_salt: str = "", block_hashes: Sequence[bytes] = ()) -> tuple[list[int], int] | None:
         """(block ids, num_cached_tokens) or None unless all num_tokens plus the watermark fit
-        (waived when the pool is empty); the last token is always left to compute."""
+        (waived when the pool is empty); the last token is always left to compute. block_hashes:
+        those of token_ids' full blocks, computed once by the scheduler (else hashed here)."""
         if num_tokens < 1 or num_new_tokens < 0:
             raise ValueError(f"admit {request_id!r}: num_tokens={num_tokens}, num_new_tokens={num_new_tokens}")
         if token_ids and len(token_ids) != num_tokens:
@@ -110,7 +112,7 @@ class BlockManager:
         self.free(request_id)  # a waiting request holds nothing; a stale table is dropped
         table = self._new_table(cache_salt)
         if self.enable_prefix_caching and token_ids:
-            table.block_hashes = hash_full_blocks(token_ids, self.block_size, table.root)
+            table.block_hashes = list(block_hashes) or hash_full_blocks(token_ids, self.block_size, table.root)
             table.tail_token_ids = list(token_ids[len(table.block_hashes) * self.block_size:])
         block_hashes = table.block_hashes
         hit_blocks = []

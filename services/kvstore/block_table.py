@@ -3,6 +3,7 @@ known blocks are hashed, so a partial last block is shared only between fresh fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedserve.services.kvstore.block import KVBlock
@@ -29,8 +30,11 @@ class BlockTable:
     def num_known_tokens(self, block_size: int) -> int:
         return len(self.block_hashes) * block_size + len(self.tail_token_ids or ())
 
-    def add_known_tokens(self, start: int, token_ids: list[int], block_size: int) -> None:
-        """token_ids at positions start, ...: new ones appended, filled blocks hashed; a gap stops it."""
+    def add_known_tokens(self, start: int, token_ids: list[int], block_size: int,
+                         given_hashes: Sequence[bytes] = ()) -> None:
+        """token_ids at positions start, ...: new ones appended, filled blocks hashed; a gap stops it.
+        given_hashes: the hashes of the blocks they fill, the first block start // block_size's (the
+        request's own, computed once by the scheduler); without them the blocks are hashed here."""
         if self.tail_token_ids is None or not token_ids:
             return
         known = self.num_known_tokens(block_size)
@@ -38,9 +42,14 @@ class BlockTable:
             self.tail_token_ids = None
             return
         self.tail_token_ids.extend(token_ids[known - start:])
+        first_given = start // block_size
         while len(self.tail_token_ids) >= block_size:
-            parent = self.block_hashes[-1] if self.block_hashes else self.root
-            self.block_hashes.append(hash_block(parent, self.tail_token_ids[:block_size]))
+            index = len(self.block_hashes)
+            if 0 <= index - first_given < len(given_hashes):
+                self.block_hashes.append(given_hashes[index - first_given])
+            else:
+                parent = self.block_hashes[-1] if self.block_hashes else self.root
+                self.block_hashes.append(hash_block(parent, self.tail_token_ids[:block_size]))
             del self.tail_token_ids[:block_size]
 
     def fork(self) -> BlockTable:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pagedserve.shared.block_hash import BlockHashes
 from pagedserve.shared.messages import SampledToken, SamplingParams
 
 
@@ -58,7 +59,11 @@ class Request:
     num_kv_known_tokens: int = field(default=0, init=False)  # prompt + output tokens the kvstore was told
     num_streamed_tokens: int = field(default=0, init=False)
     num_spare_slots: int = field(default=0, init=False)  # KV slots held past num_computed_tokens (rejected drafts)
+    expects_drafts: bool = field(default=False, init=False)  # async scheduling waits for its token to draft
+    spec_backoff_until: int = field(default=0, init=False)  # output length before a lookup may hold it again
     unstreamed_logprobs: list[SampledToken] = field(default_factory=list, init=False)
+    # its known tokens' block hashes, from its placement on (workers.py); None: the kvstore hashes them
+    block_hashes: BlockHashes | None = field(default=None, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:

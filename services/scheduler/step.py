@@ -71,7 +71,8 @@ def build_candidates(
             start, stop = request.num_kv_known_tokens, request.num_tokens_to_compute - request.num_pending_tokens
             request.num_kv_known_tokens = max(start, stop)
             candidate = AllocCandidate(request.request_id, granted[request.request_id], request.num_tokens,
-                                       token_ids=request.token_ids_between(start, stop), token_ids_start=start)
+                                       token_ids=request.token_ids_between(start, stop), token_ids_start=start,
+                                       block_hashes=hashes_between(request, start, stop))
             step.candidates.append((request, candidate))
     for request in waiting:
         if budget_left == 0 or num_free_seqs <= 0:
@@ -90,11 +91,23 @@ def build_candidates(
             is_waiting=True,
             token_ids=request.token_ids_between(0, num_tokens),
             cache_salt=request.cache_salt,
+            block_hashes=hashes_between(request, 0, num_tokens),
         )
         step.candidates.append((request, candidate))
         budget_left -= num_new_tokens
         num_free_seqs -= 1
     return step
+
+
+def hashes_between(request: Request, start: int, stop: int) -> list[bytes]:
+    """The hashes of the blocks tokens [start, stop) complete (its first: block start // block
+    size), extending the request's own to stop; [] for a request without them."""
+    hashes = request.block_hashes
+    if hashes is None or stop <= start:
+        return []
+    if hashes.num_tokens < stop:
+        hashes.extend(request.token_ids_between(hashes.num_tokens, stop))
+    return hashes.hashes[start // hashes.block_size: stop // hashes.block_size]
 
 
 @dataclass

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
 from pagedserve.services.scheduler.api_routes import final_delta
 from pagedserve.services.scheduler.handover import adopt, release_all
-from pagedserve.services.scheduler.placement import Candidate, Router, block_keys
+from pagedserve.services.scheduler.placement import Candidate, Router
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.scheduler import Scheduler
-from pagedserve.shared.messages import AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.block_hash import BlockHashes, root_hash
+from pagedserve.shared.messages import KEY_BYTES, AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
 from pagedserve.shared.parallel_sampling import child_request_ids
 
 log = logging.getLogger("pagedserve.scheduler")
@@ -133,8 +134,11 @@ class WorkerTable:
             self.unplaced.append((request, fresh))
             return []
         block_size, model = self.model.block_size, self.model.model
-        keys = block_keys(request.all_token_ids, block_size, model, request.cache_salt) \
-            if self.router.mode == "prefix" else []
+        hashes = request.block_hashes
+        if hashes is None or hashes.block_size != block_size:  # hashed once, kept across moves
+            hashes = request.block_hashes = BlockHashes(root_hash((model, request.cache_salt)), block_size)
+        hashes.extend(request.token_ids_between(hashes.num_tokens, request.num_tokens))
+        keys = [h[:KEY_BYTES] for h in hashes.hashes] if self.router.mode == "prefix" else []
         candidates = [Candidate(lane.worker_id, lane.load_blocks()) for lane in self.lanes.values()]
         worker_id, new_blocks = self.router.choose(keys, math.ceil(request.num_tokens / block_size), candidates)
         lane = self.lanes[worker_id]

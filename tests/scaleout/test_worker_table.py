@@ -9,6 +9,7 @@ from pagedserve.services.scheduler.placement import Router
 from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.workers import WorkerTable
+from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import WorkerHello
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_step
 from tests.scheduler.outcomes import outputs_by_request
@@ -91,3 +92,17 @@ def test_load_counts_held_blocks_once_and_the_new_blocks_of_waiting_requests():
     (worker_id,) = [w for w, lane in workers.lanes.items() if lane.sched.live_requests()]
     assert worker_id == "w2"
     assert workers.lanes["w2"].load_blocks() == 2 and workers.lanes["w1"].load_blocks() == 40
+
+
+def test_placement_hashes_a_request_once_and_its_candidates_carry_the_hashes():
+    """Placement hashes the request's known tokens (root: model and salt) and keeps the hashes on
+    it: its first candidate gives them to the kvstore, which then hashes nothing."""
+    workers = table()
+    request = make_request("h", num_prompt_tokens=10, max_tokens=2)
+    request.cache_salt = "s"
+    workers.place(request, fresh=True)
+    expected = hash_full_blocks(request.prompt_token_ids, BS, root_hash(("m", "s")))
+    assert request.block_hashes.hashes == expected and len(expected) == 2
+    lane = workers.lanes[lane_of(workers, "h")]
+    (candidate,) = lane.sched.schedule().candidates
+    assert candidate.block_hashes == expected and candidate.token_ids == request.prompt_token_ids

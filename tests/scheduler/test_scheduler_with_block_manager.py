@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared.block_hash import BlockHashes, hash_full_blocks, root_hash
 from pagedserve.shared.messages import RequestDelta
 from tests.scheduler.fakes import FakeWorker, make_request, make_stack, run_step, run_until_done, token_at
 from tests.scheduler.outcomes import finish_reasons, outputs_by_request
@@ -72,23 +73,29 @@ def test_preemption_with_the_block_manager_changes_no_token(prefix):
         # each ends at 20 tokens = 5 blocks of 4; a 7-block pool cannot hold both
         return [make_request(r, num_prompt_tokens=8, max_tokens=12, arrival_time=t) for r, t in (("a", 0), ("b", 1))]
 
-    scheduler, manager, worker = _stack(num_blocks=7, block_size=4, prefix=prefix)
-    for request in requests():
-        scheduler.add_request(request)
-    records = []
-    while scheduler.has_requests():
-        records.append(run_step(scheduler, manager, worker))
-        manager.check_integrity()
-    reference_scheduler, reference_manager, reference_worker = _stack(64, 4, prefix)
-    for request in requests():
-        reference_scheduler.add_request(request)
-    reference = run_until_done(reference_scheduler, reference_manager, reference_worker)
-
+    (scheduler, manager, worker, records), (reference_scheduler, _, _, reference) = _small_and_big_pool(
+        requests, 7, 4, prefix)
     assert scheduler.stats().num_preemptions_total >= 1
     assert reference_scheduler.stats().num_preemptions_total == 0
     assert outputs_by_request(records) == outputs_by_request(reference)
     assert finish_reasons(records) == {"a": "length", "b": "length"}
     assert manager.num_free_blocks == 7 and worker.requests == {}
+
+
+def _small_and_big_pool(requests, num_blocks: int, block_size: int, prefix: bool):
+    """(scheduler, manager, worker, step records) with num_blocks (integrity checked each step),
+    then the same with a 64-block pool, each run over a fresh requests()."""
+    runs = []
+    for pool in (num_blocks, 64):
+        scheduler, manager, worker = _stack(pool, block_size, prefix)
+        for request in requests():
+            scheduler.add_request(request)
+        records = []
+        while scheduler.has_requests():
+            records.append(run_step(scheduler, manager, worker))
+            manager.check_integrity()
+        runs.append((scheduler, manager, worker, records))
+    return runs
 
 
 @pytest.mark.parametrize("prefix", [True, False])
@@ -107,3 +114,37 @@ def test_a_resumed_request_counts_what_it_recomputes(prefix):
             stats.num_resumed_over_one_block_total) == ((1, 1, 0) if prefix else (1, 49, 1))
     run_until_done(scheduler, manager, worker)
     manager.check_integrity()
+
+
+def test_hashes_computed_once_by_the_scheduler_are_the_kvstores_and_it_hashes_nothing(monkeypatch):
+    """Requests carry their block hashes (as WorkerTable.place gives them): the kvstore, which
+    hashes nothing, caches every full block of prompt and output under the hash it would have
+    computed, a repeated prompt hits them, and preemption under a small pool changes no token."""
+
+    def no_hashing(*args):
+        raise AssertionError("the kvstore hashed a block the scheduler had hashed")
+
+    monkeypatch.setattr("pagedserve.services.kvstore.block_table.hash_block", no_hashing)
+    monkeypatch.setattr("pagedserve.services.kvstore.block_manager.hash_full_blocks", no_hashing)
+
+    def requests():
+        made = [make_request(r, num_prompt_tokens=30, max_tokens=20, arrival_time=t) for r, t in (("a", 0), ("b", 1))]
+        for request in made:
+            request.block_hashes = BlockHashes(root_hash(()), 4)
+        return made
+
+    # 18 blocks for 2 requests of 13: one is preempted
+    (scheduler, _, _, records), reference_run = _small_and_big_pool(requests, 18, 4, True)
+    reference_scheduler, reference_manager, reference_worker, reference = reference_run
+    assert scheduler.stats().num_preemptions_total >= 1
+    assert outputs_by_request(records) == outputs_by_request(reference)
+    a = requests()[0]
+    a.output_token_ids = outputs_by_request(reference)["a"]
+    full_blocks = hash_full_blocks(a.all_token_ids[:49], 4)  # 30 + 20 tokens: the last one's KV is never computed
+    assert all(reference_manager.pool.lookup(h) is not None for h in full_blocks)
+    again = make_request("a2", num_prompt_tokens=30, max_tokens=1)
+    again.prompt_token_ids = list(a.prompt_token_ids)
+    again.block_hashes = BlockHashes(root_hash(()), 4)
+    reference_scheduler.add_request(again)
+    first = run_step(reference_scheduler, reference_manager, reference_worker)
+    assert first.plan.new_requests[0].num_computed_tokens == 28  # 7 full blocks of the 30-token prompt

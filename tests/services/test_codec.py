@@ -31,7 +31,7 @@ from pagedserve.shared.messages import (
 SAMPLING = SamplingParams(max_tokens=7, temperature=0.5, seed=3, stop_token_ids=[2, 9], logprobs=2, n=2)
 MESSAGES = [
     SAMPLING,
-    AllocRequest(11, ["gone"], [AllocCandidate("a", 3, 40, True, [5, 6, 7], "salt"), AllocCandidate("b", 1, 9)],
+    AllocRequest(11, ["gone"], [AllocCandidate("a", 3, 40, True, [5, 6, 7], "salt"), AllocCandidate("b", 1, 9, False, [8] * 16, "", 16, [bytes(range(32))])],
                  [Fork("p", ["p.0", "p.1"])], reset=True),
     AllocReply(11, [AllocResult("a", "ok", [4, 8], 16), AllocResult("b", "preempted")]),
     StepPlan(12, [NewRequestData("a", [1, 2, 3], [0, 5], 0, 3, SAMPLING, 1)],
