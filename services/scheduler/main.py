@@ -28,8 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, SchedulerConfig)
     parser.add_argument("--speculative-config", default=None,
                         help='speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": '
-                             '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (default off; it plans each step '
-                             "after the last one's result, so async scheduling is off with it)")
+                             '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (default off)')
 
 
 def load_policy(name: str, options_json: str = "{}"):
@@ -58,15 +57,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.critical("bad config: %s", e)
         return 2
-    async_scheduling = config.async_scheduling and speculative is None  # drafts need the last step's tokens
     log.info("scheduler starting: redis=%s prefix=%s policy=%s async_scheduling=%s router=%s speculative=%s",
-             args.redis_url, args.prefix, policy.name, async_scheduling, config.router,
+             args.redis_url, args.prefix, policy.name, config.async_scheduling, config.router,
              speculative.to_json() if speculative else "off")
 
     def make_scheduler() -> Scheduler:  # one per worker; the policy object is shared (loop.py)
         return Scheduler(policy, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                          max_waiting_requests=config.max_waiting_requests, max_waiting_tokens=config.max_waiting_tokens,
-                         max_steps_in_flight=2 if async_scheduling else 1, stream_interval=config.stream_interval,
+                         max_steps_in_flight=2 if config.async_scheduling else 1, stream_interval=config.stream_interval,
                          long_prefill_token_threshold=config.long_prefill_token_threshold,
                          speculative_config=speculative)
 

@@ -148,7 +148,8 @@ class Scheduler:
 
     def has_work_ahead(self) -> bool:
         """A step scheduled now would compute something (frees and aborts alone can wait)."""
-        return (any(r.num_tokens_wanted(self.max_model_len) > 0 for r in self._running)
+        return (any(r.num_tokens_wanted(self.max_model_len) > 0 and not self._speculator.holds(r, self.max_model_len)
+                    for r in self._running)
                 or any(not r.num_pending_tokens for r in self._waiting))
 
     def live_requests(self) -> list[Request]:

@@ -6,6 +6,11 @@ n-gram drafts within the step's leftover token budget; the step computes its las
 drafts (1 + d tokens) and the worker returns the accepted drafts plus one token. Rejected drafts'
 KV slots stay with the request as spare slots (the kvstore holds num_computed_tokens + spare slots),
 and the next steps use them before asking the kvstore for more, so no slot leaks or is counted twice.
+
+With async scheduling a decoding request always has its next token in flight, so nothing is known to
+draft from. A request that expects drafts (its last ones were accepted, or its known tokens end in a
+recurring n-gram) is held out of the step planned while its token is in flight and drafts in the
+next; the others keep the overlap, so a batch with nothing to draft loses nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
 from pagedserve.shared.messages import SampledToken
 from pagedserve.shared.speculative_config import PER_POS_KEY, SpeculativeConfig
+
+BACKOFF_TOKENS = 16  # after drafts all rejected, tokens before a lookup may hold the request back again
 
 
 @dataclass
@@ -62,13 +69,16 @@ class Speculator:
     def plan(self, step: CandidateStep, token_budget: int, max_model_len: int) -> None:
         """Add drafts to the step's decoding candidates while budget is left, and spend spare slots:
         step.num_scheduled gets each changed candidate's token count, its num_new_tokens the new slots."""
+        if self.config is not None:
+            self._hold_back(step, max_model_len)
         budget_left = token_budget - sum(c.num_new_tokens for _, c in step.candidates)
         for request, candidate in step.candidates:
             if candidate.is_waiting or request.is_fresh_fork:
                 continue
             num_scheduled = candidate.num_new_tokens
-            if self.config is not None and budget_left > 0 and num_scheduled == 1 and can_speculate(request):
+            if self.config is not None and num_scheduled == 1 and can_speculate(request):
                 drafts = self._propose(request, min(budget_left, self._room(request, max_model_len)))
+                request.expects_drafts = bool(drafts)
                 if drafts:
                     step.drafts[request.request_id] = drafts
                     num_scheduled += len(drafts)
@@ -78,6 +88,24 @@ class Speculator:
                 reused = min(request.num_spare_slots, num_scheduled)
                 request.num_spare_slots -= reused
                 candidate.num_new_tokens = num_scheduled - reused
+
+    def holds(self, request: Request, max_model_len: int) -> bool:
+        """Whether a step planned now leaves this request out, to draft once its token in flight is known."""
+        if (self.config is None or not request.num_pending_tokens or request.sampling.guided is not None
+                or request.is_fresh_fork or self._room(request, max_model_len) - request.num_pending_tokens < 1):
+            return False
+        return request.expects_drafts or (request.num_output_tokens >= request.spec_backoff_until
+                                          and bool(self._propose(request, 1)))
+
+    def _hold_back(self, step: CandidateStep, max_model_len: int) -> None:
+        kept = []
+        for request, candidate in step.candidates:
+            if not candidate.is_waiting and self.holds(request, max_model_len):
+                request.expects_drafts = True  # no second lookup until it has drafted
+                request.num_kv_known_tokens = candidate.token_ids_start  # its new tokens go next time
+            else:
+                kept.append((request, candidate))
+        step.candidates = kept
 
     def _room(self, request: Request, max_model_len: int) -> int:
         """Drafts that cannot overrun max_tokens or the context even if all are accepted."""
@@ -100,4 +128,7 @@ class Speculator:
             request.num_computed_tokens -= num_rejected
             request.num_spare_slots += num_rejected
         self.counters.count(len(drafts), len(accepted))
+        request.expects_drafts = bool(accepted)
+        if not accepted:  # a lookup that matched and missed: let async scheduling run it for a while
+            request.spec_backoff_until = request.num_output_tokens + len(accepted) + BACKOFF_TOKENS
         return accepted

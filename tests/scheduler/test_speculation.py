@@ -7,6 +7,7 @@ autoregressive decoding, alone, batched, with prefix caching and with preemption
 from __future__ import annotations
 
 import zlib
+from collections import deque
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -66,14 +67,16 @@ class VerifyingWorker:
             work.append((cached.request_id, cached.num_computed_tokens, cached.num_scheduled_tokens,
                          list(cached.draft_token_ids)))
         result = StepResult(plan.step_id)
-        for request_id, start, n, drafts in work:
+        for request_id, start, n, drafts in work:  # as the forward pass: the whole step's K/V first
             tokens = self.tokens[request_id]
             inputs = tokens[start:start + n - len(drafts)] + drafts
             assert len(self.blocks[request_id]) * BLOCK_SIZE >= start + n
-            for position in range(start):  # what attention reads: every earlier slot, correct
-                assert self.slots[self._slot(request_id, position)] == (position, tokens[position])
             for i, token in enumerate(inputs):
                 self.slots[self._slot(request_id, start + i)] = (start + i, token)
+        for request_id, start, n, drafts in work:
+            tokens = self.tokens[request_id]
+            for position in range(start):  # what attention reads: every earlier slot, correct
+                assert self.slots[self._slot(request_id, position)] == (position, tokens[position])
             self.computed[request_id] = start + n
             if start + n - len(drafts) != len(tokens):
                 continue
@@ -90,20 +93,26 @@ class VerifyingWorker:
 
 
 def run(prompts: list[list[int]], params: list[SamplingParams], num_blocks: int, prefix_caching: bool,
-        speculative: SpeculativeConfig | None, budget: int = 64) -> tuple[list[list[int]], Scheduler, int]:
+        speculative: SpeculativeConfig | None, budget: int = 64,
+        steps_in_flight: int = 1) -> tuple[list[list[int]], Scheduler, int]:
+    """Drive scheduler, BlockManager and worker as the scheduler service does: with 2 steps in flight
+    the next is planned (if it pays) before the oldest result is read."""
     scheduler = Scheduler(FCFSPolicy(), max_num_batched_tokens=budget, max_model_len=256,
-                          long_prefill_token_threshold=0, speculative_config=speculative)
+                          long_prefill_token_threshold=0, speculative_config=speculative,
+                          max_steps_in_flight=steps_in_flight)
     manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=prefix_caching, watermark=0.0)
     worker = VerifyingWorker()
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         scheduler.add_request(Request(f"r{i}", prompt, p, [EOS], arrival_time=0.0))
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    for _ in range(2000):
+    planned: deque[StepPlan] = deque()
+    for _ in range(4000):
         if not scheduler.has_requests():
             break
-        plan = scheduler.on_alloc(manager.step(scheduler.schedule()))
-        manager.check_integrity()
-        for delta in scheduler.on_result(worker.execute(plan)):
+        while scheduler.can_schedule() and (not planned or scheduler.has_work_ahead()):
+            planned.append(scheduler.on_alloc(manager.step(scheduler.schedule())))
+            manager.check_integrity()
+        for delta in scheduler.on_result(worker.execute(planned.popleft())):
             outputs[delta.request_id] += delta.new_token_ids
     assert not scheduler.has_requests()
     manager.check_integrity()
@@ -147,12 +156,12 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
 @given(prompts=st.lists(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=14), min_size=1, max_size=5),
        max_tokens=st.lists(st.integers(1, 30), min_size=5, max_size=5),
        num_blocks=st.integers(12, 40), prefix_caching=st.booleans(), budget=st.sampled_from([4, 9, 64]),
-       k=st.integers(1, 5))
+       k=st.integers(1, 5), steps_in_flight=st.sampled_from([1, 2]))
 def test_any_batch_pool_and_budget_give_the_autoregressive_tokens(prompts, max_tokens, num_blocks, prefix_caching,
-                                                                 budget, k):
+                                                                 budget, k, steps_in_flight):
     params = [SamplingParams(max_tokens=m, ignore_eos=i % 2 == 0) for i, m in enumerate(max_tokens[:len(prompts)])]
     outs, scheduler, _ = run(prompts, params, num_blocks, prefix_caching, SpeculativeConfig("ngram", k, 1, 2),
-                             budget)
+                             budget, steps_in_flight)
     assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
 
 
@@ -162,3 +171,10 @@ def test_preempted_requests_with_spare_slots_resume_with_the_same_tokens():
     outs, scheduler, draft_steps = run(prompts, params, 14, True, NGRAM)
     assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
     assert scheduler.stats().num_preemptions_total > 0 and draft_steps > 0
+
+
+def test_async_scheduling_holds_a_drafting_request_back_and_still_drafts():
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, NGRAM, steps_in_flight=2)
+    assert out == autoregressive(PROMPT, params)
+    assert draft_steps > 0 and scheduler._speculator.counters.num_accepted_tokens > 0
