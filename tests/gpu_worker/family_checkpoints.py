@@ -28,15 +28,31 @@ FAMILIES = {
         pad_token_id=0, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                                          "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                          "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]})),
+    # Gemma: sliding window 8 (the prompts are 19-42 tokens), scale apart from head_dim, strong caps
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=5.0,
+        final_logit_softcapping=10.0, num_hidden_layers=3, pad_token_id=0)),
+    # Gemma 3: sliding layers at their own rope base; the full one's scaled linearly
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=8, num_hidden_layers=3, pad_token_id=0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}})),
 }
-GGUF_FAMILIES = sorted(set(FAMILIES) - {"phi3"})  # phi3: HF folders only
+GGUF_FAMILIES = sorted(set(FAMILIES) - {"phi3", "gemma2", "gemma3"})  # HF folders only
 
 
 def hf_checkpoint(name: str, seed: int = 0, **overrides):
     """A random float32 transformers model of the family, eval mode."""
     config_class, model_class, extra = FAMILIES[name]
     torch.manual_seed(seed)
-    return model_class(config_class(**{**_COMMON, **extra, **overrides})).eval()
+    model = model_class(config_class(**{**_COMMON, **extra, **overrides})).eval()
+    if name.startswith("gemma"):  # its norms start at w = 0, scaling by (1 + w): make w count
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith("norm.weight"):
+                    param.normal_(std=0.3)
+    return model
 
 
 def save_checkpoint(name: str, directory, seed: int = 0, **overrides):
@@ -49,7 +65,8 @@ def save_checkpoint(name: str, directory, seed: int = 0, **overrides):
 # a servable folder's eos ids, each declared in one place only as real models do: config.json
 # (Qwen base: <|endoftext|>; Llama 3: <|end_of_text|>), tokenizer_config.json (the chat turn's
 # end) and generation_config.json (both)
-SERVABLE = {"qwen2": ("qwen", 0, [2, 0]), "qwen3": ("qwen", 0, [0]), "llama3": ("llama3", 1, [1, 4])}
+SERVABLE = {"qwen2": ("qwen", 0, [2, 0]), "qwen3": ("qwen", 0, [0]), "llama3": ("llama3", 1, [1, 4]),
+            "gemma3": ("gemma", 1, [1, 4])}
 
 
 def save_servable(name: str, directory, seed: int = 0):
@@ -62,6 +79,10 @@ def save_servable(name: str, directory, seed: int = 0):
     bos = tokenizer.bos_token_id
     model = save_checkpoint(name, directory, seed, vocab_size=len(tokenizer), eos_token_id=config_eos,
                             bos_token_id=bos, pad_token_id=tokenizer.pad_token_id)
+    if style == "gemma":  # a random model rarely ends a turn: lengthen its tied <end_of_turn> row
+        with torch.no_grad():
+            model.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids("<end_of_turn>")] *= 2.0
+        model.save_pretrained(directory)
     model.generation_config.eos_token_id = generation_eos
     model.generation_config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

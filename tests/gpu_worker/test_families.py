@@ -22,6 +22,8 @@ SWITCHES = {  # family -> (architecture, qkv_bias, o_bias, qk_norm, tied)
     "llama3": ("llama", False, False, False, False),
     "mistral": ("mistral", False, False, False, False),
     "phi3": ("phi3", False, False, False, False),
+    "gemma2": ("gemma2", False, False, False, True),
+    "gemma3": ("gemma3_text", False, False, True, True),
 }
 
 
@@ -82,10 +84,10 @@ BASE = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layer
             num_key_value_heads=1, max_position_embeddings=8192)
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "gemma2", "falcon"])
+@pytest.mark.parametrize("model_type", ["gemma3", "gemma", "falcon"])
 def test_unsupported_architecture_is_refused_naming_the_supported(model_type):
     with pytest.raises(ValueError, match=rf"model_type '{model_type}' not supported \(supported: llama, mistral, "
-                                         r"qwen2, qwen3, phi3\)"):
+                                         r"qwen2, qwen3, phi3, gemma2, gemma3_text\)"):
         ModelConfig.from_hf_config({**BASE, "model_type": model_type})
 
 
@@ -105,3 +107,36 @@ def test_sliding_window_caps_the_context_where_a_layer_slides():
     assert context(model_type="phi3", original_max_position_embeddings=4096, rope_parameters=longrope) == 4096
     with pytest.raises(ValueError, match="hidden_act 'gelu'"):
         ModelConfig.from_hf_config({**BASE, "model_type": "llama", "hidden_act": "gelu"})
+
+
+# config.json of google/gemma-3-1b-it and google/gemma-2-2b-it as first published (no layer_types,
+# no rope_parameters), the shapes cut down
+GEMMA3_1B = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 7, "hidden_size": 16, "head_dim": 8,
+             "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "rope_theta": 1000000,
+             "rope_local_base_freq": 10000, "rope_scaling": None, "sliding_window": 512,
+             "sliding_window_pattern": 6, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+             "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0}
+GEMMA2_2B = {**BASE, "model_type": "gemma2", "num_hidden_layers": 4, "hidden_size": 16, "head_dim": 8,
+             "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+             "rope_theta": 10000.0, "sliding_window": 4096, "final_logit_softcapping": 30.0,
+             "attn_logit_softcapping": 50.0, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize(("raw", "config_class"), [(GEMMA3_1B, transformers.Gemma3TextConfig),
+                                                   (GEMMA2_2B, transformers.Gemma2Config)])
+def test_gemma_configs_read_as_transformers_reads_them(raw, config_class):
+    """A first-published config.json and transformers' own rewrite of it (layer_types, rope per
+    layer type) give the same ModelConfig; sliding windows are masked, the context is not capped."""
+    ours = ModelConfig.from_hf_config(raw)
+    assert ModelConfig.from_hf_config(config_class(**raw).to_dict()) == ours
+    assert ours.max_position_embeddings == 8192
+    assert (ours.norm_offset, ours.sandwich_norms, ours.embed_scale, ours.query_pre_attn_scalar) == (1.0, True, 4.0, 256)
+    if raw is GEMMA3_1B:
+        assert ours.layer_types == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]
+        assert (ours.rope_theta, ours.rope_local_theta, ours.sliding_window, ours.qk_norm) == (1e6, 1e4, 512, True)
+        assert [ours.window(i) for i in (4, 5, 6)] == [512, None, 512]
+    else:
+        assert ours.layer_types == ["sliding_attention", "full_attention"] * 2
+        assert (ours.rope_theta, ours.rope_local_theta, ours.attn_softcap, ours.final_softcap) == (1e4, None, 50, 30)
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        ModelConfig.from_hf_config({**raw, "use_bidirectional_attention": True})

@@ -14,6 +14,7 @@ from pagedserve.services.gpu_worker.model.families import family, gguf_family
 # longrope (Phi-3): its short factors, the context capped to the original (longer ones switch
 # to the long factors for the whole sequence in transformers, which a paged cache cannot redo)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "longrope")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass
@@ -37,6 +38,23 @@ class ModelConfig:
     o_bias: bool = False  # the output projection adds a bias
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before rope
     partial_rotary_factor: float = 1.0  # rope turns the first rotary_dim dims of each head only
+    hidden_act: str = "silu"  # the MLP's gate activation, one of HIDDEN_ACTS
+    # Gemma 2/3 (families.py's gemma switch); the defaults are every other family's
+    norm_offset: float = 0.0  # RMSNorms scale by (norm_offset + weight), in float32
+    sandwich_norms: bool = False  # a norm after attention, and before and after the MLP
+    embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None  # attention scale is its ** -0.5 (else head_dim's)
+    attn_softcap: float | None = None  # attention scores become cap * tanh(score / cap)
+    final_softcap: float | None = None  # and so do the logits
+    sliding_window: int | None = None  # keys t - p < window for the layers layer_types says slide
+    layer_types: list[str] | None = None  # "sliding_attention" | "full_attention" per layer; None: all full
+    rope_local_theta: float | None = None  # the sliding layers' rope base (Gemma 3); None: rope_theta
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a layer, None where it attends to the whole context."""
+        if self.layer_types is None or self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def rotary_dim(self) -> int:
@@ -56,8 +74,14 @@ class ModelConfig:
         fam = family(config.get("model_type", "llama"))
         if config.get("mlp_bias"):
             raise ValueError("mlp_bias=true not supported")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {config['hidden_act']!r} not supported for {fam.name} (silu)")
+        hidden_act = config.get("hidden_activation") or config.get("hidden_act", "silu")
+        if hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act {hidden_act!r} not supported for {fam.name} ({', '.join(HIDDEN_ACTS)})")
+        if fam.gemma:
+            gemma = _gemma_fields(config, fam)
+            config = {**config, "rope_parameters": gemma.pop("rope_parameters")}
+        else:
+            gemma = {}
         attention_bias = bool(config.get("attention_bias"))
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
@@ -78,7 +102,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=_served_context(config, fam, rope_scaling),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", fam.gemma)),  # Gemma's default: tied
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos,
             architecture=fam.name,
@@ -86,6 +110,8 @@ class ModelConfig:
             o_bias=attention_bias,
             qk_norm=fam.qk_norm,
             partial_rotary_factor=partial_rotary_factor,
+            hidden_act=hidden_act,
+            **gemma,
         )
 
     @staticmethod
@@ -155,11 +181,42 @@ def _served_context(config: dict[str, Any], fam, rope_scaling: dict | None) -> i
         context = min(context, rope_scaling["original_max_position_embeddings"])
     window = config.get("sliding_window")
     layer_types = config.get("layer_types")
+    if fam.gemma:  # its windows are masked by the attention
+        return context
     if layer_types is not None:
         slides = "sliding_attention" in layer_types
     else:  # Mistral's and Phi-3's window applies to every layer; Qwen's only with use_sliding_window
         slides = config.get("use_sliding_window", fam.window_without_flag)
     return min(context, int(window)) if slides and window else context
+
+
+def _gemma_fields(config: dict[str, Any], fam) -> dict[str, Any]:
+    """ModelConfig's Gemma fields, and the full-attention layers' rope_parameters (Gemma 3 keeps one
+    per layer type; older configs spell the local one rope_local_base_freq), as transformers reads them."""
+    if config.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true not supported (a decoder attends causally)")
+    num_layers = config["num_hidden_layers"]
+    every = config.get("sliding_window_pattern", fam.sliding_every)  # older configs' spelling
+    layer_types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)]
+    params = config.get("rope_parameters")
+    local_theta = None
+    if fam.name == "gemma3_text":
+        local = {"rope_theta": float(config.get("rope_local_base_freq", 10000.0))}
+        if params is None or "full_attention" not in params:
+            params = dict(params or config.get("rope_scaling") or {})
+            params.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+        else:
+            params, local = dict(params["full_attention"]), params.get("sliding_attention") or local
+        if local.get("rope_type", "default") != "default":
+            raise ValueError(f"sliding layers' rope_type {local['rope_type']!r} not supported (default)")
+        local_theta = float(local["rope_theta"])
+    scalar = config.get("query_pre_attn_scalar")
+    return dict(
+        rope_parameters=params, norm_offset=1.0, sandwich_norms=True, embed_scale=config["hidden_size"] ** 0.5,
+        query_pre_attn_scalar=None if scalar is None else float(scalar),
+        attn_softcap=config.get("attn_logit_softcapping"), final_softcap=config.get("final_logit_softcapping"),
+        sliding_window=config.get("sliding_window"), layer_types=list(layer_types), rope_local_theta=local_theta)
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

@@ -19,6 +19,10 @@ class Family:
     fused_projections: bool = False  # the checkpoint holds qkv_proj and gate_up_proj (Phi-3), not their parts
     # config.json's sliding_window alone makes every layer slide (no use_sliding_window/layer_types)
     window_without_flag: bool = False
+    # Gemma 2/3: (1 + w) norms, sandwich norms, scaled embeddings, GELU-tanh, query_pre_attn_scalar,
+    # soft-capping, sliding layers masked by the attention (not the context capped)
+    gemma: bool = False
+    sliding_every: int = 0  # without layer_types: layer i slides unless (i + 1) % sliding_every == 0
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -27,6 +31,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2", "qwen2", qkv_bias=True),
     Family("qwen3", "qwen3", qk_norm=True),
     Family("phi3", "phi3", fused_projections=True, window_without_flag=True),  # HF folders only
+    Family("gemma2", "gemma2", gemma=True, sliding_every=2),  # HF folders only
+    Family("gemma3_text", "gemma3", qk_norm=True, gemma=True, sliding_every=6),  # HF folders only
 )}
 # a GGUF arch -> the family its tensors load as (Mistral GGUFs are arch "llama")
 GGUF_ARCHS: dict[str, Family] = {"llama": FAMILIES["llama"], "qwen2": FAMILIES["qwen2"], "qwen3": FAMILIES["qwen3"]}

@@ -4,6 +4,9 @@ The families (families.py) are switches in its config: q/k/v and o biases, per-h
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -24,36 +27,45 @@ def _param(*shape: int, dtype: torch.dtype, device) -> torch.nn.Parameter:
 
 
 class RMSNorm(torch.nn.Module):
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device=None, offset: float = 0.0):
         super().__init__()
         self.eps = eps
+        self.offset = offset  # Gemma: scales by (1 + weight)
         self.weight = _param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # plain-ops path: statistics in float32, weight applied after casting back (as HF)
+        # plain-ops path: statistics in float32, weight applied after casting back (as HF's Llama),
+        # or (offset + weight) applied in float32 before it (as HF's Gemma)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
 class LlamaDecoderLayer(torch.nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device=None, index: int = 0):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.scale = c.head_dim**-0.5
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        self.window, self.softcap = c.window(index), c.attn_softcap  # None, None: plain causal attention
+        self.gelu = c.hidden_act == "gelu_pytorch_tanh"
+        norm = functools.partial(RMSNorm, eps=c.rms_norm_eps, dtype=dtype, device=device, offset=c.norm_offset)
+        self.input_layernorm = norm(c.hidden_size)
         self.qkv_proj = _param(self.q_size + 2 * self.kv_size, c.hidden_size, dtype=dtype, device=device)
         self.o_proj = _param(c.hidden_size, self.q_size, dtype=dtype, device=device)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = norm(c.hidden_size)  # Gemma: on attention's output
+        self.pre_feedforward_layernorm = norm(c.hidden_size) if c.sandwich_norms else None
+        self.post_feedforward_layernorm = norm(c.hidden_size) if c.sandwich_norms else None
         self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(c.hidden_size, c.intermediate_size, dtype=dtype, device=device)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device) if c.qkv_bias else None
         self.o_bias = _param(c.hidden_size, dtype=dtype, device=device) if c.o_bias else None
-        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
-        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
+        self.q_norm = norm(c.head_dim) if c.qk_norm else None
+        self.k_norm = norm(c.head_dim) if c.qk_norm else None
         self.prepare(None, pack=False)
 
     def prepare(self, fused, pack: bool = True, blocks: dict | None = None) -> None:
@@ -65,11 +77,16 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.fused = fused
 
     def forward(self, hidden, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
-        residual = hidden
         attn_out = self._attention(self.input_layernorm(hidden), positions, rotary, kv_cache, meta, backend)
-        h = residual + attn_out
-        gate, up = self.gate_up(self.post_attention_layernorm(h)).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
+        if self.pre_feedforward_layernorm is not None:  # Gemma's sandwich
+            h = hidden + self.post_attention_layernorm(attn_out)
+            return h + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(h)))
+        h = hidden + attn_out
+        return h + self._mlp(self.post_attention_layernorm(h))
+
+    def _mlp(self, normed: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(normed).chunk(2, dim=-1)
+        return self.down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
     def forward_fused(self, x, residual, positions, rotary, kv_cache, meta, backend):
         """Returns (mlp_out, residual) whose sum is the output: the add happens in the next add_rms_norm."""
@@ -107,7 +124,13 @@ class LlamaDecoderLayer(torch.nn.Module):
         else:
             q, k = rotary(positions, q, k, self.fused)
             backend.write_kv(k, v, kv_cache, meta)
-        attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
+        if self.window is None and self.softcap is None:
+            attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
+        elif getattr(backend, "windowed", False):
+            attn = backend.attend(q, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
+        else:
+            raise NotImplementedError(f"attention backend {backend.name!r} has no sliding window or soft-capping "
+                                      "(this model's layers need them): use the torch backend")
         out = self.o(attn.reshape(num_tokens, self.q_size))
         return out if self.o_bias is None else out + self.o_bias
 
@@ -119,8 +142,11 @@ class LlamaForCausalLM(torch.nn.Module):
         self.dtype = dtype
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(config, device)
-        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        # Gemma 3's sliding layers turn at their own base, unscaled
+        self.local_rotary = self.rotary if config.rope_local_theta is None else RotaryEmbedding(
+            dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None), device)
+        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, dtype, device, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, config.norm_offset)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -131,7 +157,8 @@ class LlamaForCausalLM(torch.nn.Module):
     def prepare(self, optimized: bool = True) -> None:
         """Pack projections, take fused kernels; call again after changing parameters (packs are copies)."""
         on_cpu = self.embed_tokens.device.type == "cpu"
-        fusable = on_cpu and self.dtype in (torch.bfloat16, torch.float32)
+        # the fused kernels have neither Gemma's (1 + w) norms nor its sandwich: plain ops there
+        fusable = on_cpu and self.dtype in (torch.bfloat16, torch.float32) and not self.config.sandwich_norms
         fused = cpu_extensions.load("fused") if optimized and fusable else None
         head_name = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
         gguf = getattr(self, "gguf_blocks", {}) if optimized and on_cpu else {}
@@ -167,10 +194,13 @@ class LlamaForCausalLM(torch.nn.Module):
         """input_ids, positions int64 [T] -> final-normed hidden states [T, hidden_size]."""
         positions = positions.long()
         hidden = F.embedding(input_ids, self.embed_tokens)
+        if self.config.embed_scale != 1.0:  # in the model's dtype, as transformers scales it
+            hidden = hidden * torch.tensor(self.config.embed_scale, dtype=hidden.dtype)
         fused = self.fused
         if fused is None:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                hidden = layer(hidden, positions, self.rotary, kv_cache, meta, backend)
+                rotary = self.rotary if layer.window is None else self.local_rotary
+                hidden = layer(hidden, positions, rotary, kv_cache, meta, backend)
             return self.norm(hidden)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -183,6 +213,9 @@ class LlamaForCausalLM(torch.nn.Module):
     def compute_logits(self, hidden: torch.Tensor, as_float: bool = True) -> torch.Tensor:
         """hidden [N, hidden_size] -> logits [N, vocab], float32 if as_float else the model's dtype."""
         logits = self.head(hidden)
+        cap = self.config.final_softcap  # monotonic: a greedy token is the uncapped argmax
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return logits.float() if as_float else logits
 
     @torch.no_grad()
@@ -214,6 +247,9 @@ class LlamaForCausalLM(torch.nn.Module):
             layer.down_proj.copy_(state[mlp + "down_proj.weight"])
             layer.input_layernorm.weight.copy_(state[p + "input_layernorm.weight"])
             layer.post_attention_layernorm.weight.copy_(state[p + "post_attention_layernorm.weight"])
+            if layer.pre_feedforward_layernorm is not None:
+                layer.pre_feedforward_layernorm.weight.copy_(state[p + "pre_feedforward_layernorm.weight"])
+                layer.post_feedforward_layernorm.weight.copy_(state[p + "post_feedforward_layernorm.weight"])
             if layer.qkv_bias is not None:
                 layer.qkv_bias.copy_(torch.cat([state[attn + f"{x}_proj.bias"] for x in "qkv"]))
             if layer.o_bias is not None:
@@ -235,6 +271,8 @@ def canonical_names(config: ModelConfig) -> list[str]:
         per_layer = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
         per_layer += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
     per_layer += ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    if config.sandwich_norms:
+        per_layer += ["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"]
     if config.qkv_bias:
         per_layer += [f"self_attn.{x}_proj.bias" for x in "qkv"]
     if config.o_bias:
