@@ -8,8 +8,9 @@ scheduler and kvstore as processes, the simulated workers in --procs processes, 
 client keeping --per-worker requests per worker in flight. Over the measured window it reports:
 steps/s (all workers) against the ideal workers / step time, routing decisions/s (requests placed
 on a worker), tokens/s at the client, the plan hop (scheduler's XADD -> worker read) and a free
-worker's wait for its next plan (p50/p99 ms), the client's inter-token time, and the CPU share of
-the scheduler, kvstore and Redis (1.0 = one core) and Redis's memory.
+worker's wait for its next plan (p50/p99 ms), the client's inter-token time, the CPU share of the
+scheduler, kvstore and Redis (1.0 = one core) and their CPU milliseconds per step (one core's
+worth of steps/s is 1000 / that), and Redis's memory.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import select
 import subprocess
 import sys
 import tempfile
@@ -74,7 +76,7 @@ def measure(args: argparse.Namespace, num_workers: int) -> dict:
             procs += sims
             client = asyncio.run(_client(redis_url, keys, args, num_workers, window,
                                          {**services, **({"redis": redis_proc} if redis_proc else {})}))
-            reports = [json.loads(p.communicate(timeout=120)[0].splitlines()[-1]) for p in sims]
+            reports = [_report(p, window[1] + 120) for p in sims]
         finally:
             for p in reversed(procs):
                 _stop(p)
@@ -88,13 +90,16 @@ def measure(args: argparse.Namespace, num_workers: int) -> dict:
     hop = np.array([x for r in reports for x in r["plan_hop_ms"]] or [0.0])
     wait = np.array([x for r in reports for x in r["wait_ms"]] or [0.0])
     itl = np.array(client.pop("itl_ms") or [0.0])
+    # CPU per step: what caps a service's steps/s at one core, less noisy than the rates on a busy machine
+    per_step = {f"{name}_ms_per_step": round(client[f"{name}_cpu"] * 1000 * seconds / steps, 3) if steps else None
+                for name in ("scheduler", "kvstore", "redis")}
     return {"workers": num_workers, "step_ms": args.step_ms, "in_flight": num_workers * args.per_worker,
             "steps_per_s": round(steps / seconds, 1), "ideal_steps_per_s": round(num_workers * 1000 / args.step_ms, 1),
             "routing_per_s": round(sum(r["placements"] for r in reports) / seconds, 1),
             "tokens_per_s": round(client.pop("tokens") / seconds, 1),
             "plan_hop_ms_p50_p99": [round(float(np.percentile(hop, q)), 2) for q in (50, 99)],
             "worker_wait_ms_p50_p99": [round(float(np.percentile(wait, q)), 2) for q in (50, 99)],
-            "itl_ms_p50_p99": [round(float(np.percentile(itl, q)), 2) for q in (50, 99)], **client}
+            "itl_ms_p50_p99": [round(float(np.percentile(itl, q)), 2) for q in (50, 99)], **client, **per_step}
 
 
 async def _client(redis_url: str, keys: Keys, args, num_workers: int, window: tuple[float, float],
@@ -145,6 +150,17 @@ async def _client(redis_url: str, keys: Keys, args, num_workers: int, window: tu
     redis_cpu = sum(redis1[k] - redis0[k] for k in ("used_cpu_sys", "used_cpu_user"))
     return {"tokens": tokens, "itl_ms": itl_ms, **share, "redis_cpu": round(redis_cpu / seconds, 2),
             "redis_memory_mib": round(memory["used_memory"] / 2**20, 1)}
+
+
+def _report(proc: subprocess.Popen, deadline: float) -> dict:
+    """A simulated-worker process's counters: the first line it prints at the window's end."""
+    while time.time() < deadline:
+        if select.select([proc.stdout], [], [], 1.0)[0]:
+            line = proc.stdout.readline()
+            if line:
+                return json.loads(line)
+            raise RuntimeError(f"simulated workers exited with {proc.wait()} before their report")
+    raise RuntimeError("no report from the simulated workers in 120 s after the window")
 
 
 def _cpu(procs: dict) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -110,7 +111,7 @@ class SimWorker:
         return StepResult(plan.step_id, sampled)
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace) -> None:
     keys, stop = Keys(args.prefix), asyncio.Event()
     window = Window(args.measure_from, args.measure_to)
     clients = [async_client(args.redis_url) for _ in args.ids]
@@ -118,12 +119,16 @@ async def main_async(args: argparse.Namespace) -> dict:
                for r, wid in zip(clients, args.ids, strict=True)]
     tasks = [asyncio.create_task(w.run(stop)) for w in workers]
     await asyncio.sleep(max(0.0, args.measure_to - time.time()))
+    # the counters first: a process this busy may take long to wind its workers down
+    print(json.dumps({"workers": len(workers), "steps": window.steps, "placements": window.placements,
+                      "tokens": window.tokens, "plan_hop_ms": window.plan_hop_ms, "wait_ms": window.wait_ms}),
+          flush=True)
     stop.set()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     for r in clients:
-        await r.aclose()
-    return {"workers": len(workers), "steps": window.steps, "placements": window.placements, "tokens": window.tokens,
-            "plan_hop_ms": window.plan_hop_ms, "wait_ms": window.wait_ms}
+        with contextlib.suppress(Exception):
+            await r.aclose()
 
 
 def main() -> int:
@@ -136,7 +141,7 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--measure-from", type=float, required=True)
     parser.add_argument("--measure-to", type=float, required=True)
-    print(json.dumps(asyncio.run(main_async(parser.parse_args()))), flush=True)
+    asyncio.run(main_async(parser.parse_args()))
     return 0
 
 

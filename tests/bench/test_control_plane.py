@@ -50,5 +50,5 @@ def test_the_bench_drives_the_real_control_plane():
     assert row["workers"] == 2 and row["in_flight"] == 8
     assert 0 < row["steps_per_s"] <= row["ideal_steps_per_s"] * 1.05
     assert row["tokens_per_s"] > 0 and row["routing_per_s"] > 0
-    for key in ("scheduler_cpu", "kvstore_cpu", "redis_cpu", "redis_memory_mib"):
+    for key in ("scheduler_cpu", "kvstore_cpu", "redis_cpu", "redis_memory_mib", "scheduler_ms_per_step"):
         assert row[key] >= 0, key
