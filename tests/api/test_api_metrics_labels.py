@@ -37,3 +37,12 @@ def test_two_replicas_series_add_up():
     b.time_to_first_token.observe(0.25)
     sums = [s for m in (a, b) for s in _histograms(m)[LATENCIES[0]] if s.name.endswith("_sum")]
     assert sorted((s.labels["api"], s.value) for s in sums) == [("a", 0.5), ("b", 0.5)]
+
+
+def test_the_dashboard_reads_its_own_apis_ttft():
+    from pagedserve.services.api.dashboard_routes import _ttft
+
+    metrics = ApiMetrics("api-3")
+    metrics.time_to_first_token.observe(0.5)
+    metrics.time_to_first_token.observe(0.25)
+    assert _ttft(metrics) == (0.75, 2.0)
