@@ -67,6 +67,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         logprobs = _bounded(body.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
     if not prompt_ids:
         raise ApiError(400, "the prompt is empty", code="empty_prompt", param="prompt")
+    default_max = min(default_max, info.sampling_defaults.get("max_tokens", default_max))  # max_new_tokens
     prompt = prompt_echo(body, prompt_ids, logprobs, tokenizer)
     if max_tokens is not None and max_tokens < 1 and not (prompt and prompt.drop_output):
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens} (0 only with echo)",

@@ -36,3 +36,19 @@ def test_omitted_fields_take_the_defaults_given_ones_win(tokenizer):
     given = {**body, "temperature": 0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
     sampling = prepare(parse_body(json.dumps(given).encode()), tokenizer, info).sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.repetition_penalty) == (0.0, 1.0, 0, 1.0)
+
+
+def test_max_new_tokens_defaults_an_omitted_max_tokens(tmp_path, tokenizer):
+    (tmp_path / "generation_config.json").write_text(json.dumps({**QWEN25_INSTRUCT, "max_new_tokens": 7}))
+    defaults = generation_defaults(str(tmp_path))
+    assert defaults["max_tokens"] == 7
+    info = ModelInfo(served_name="m", max_model_len=2048, vocab_size=tokenizer.vocab_size, sampling_defaults=defaults)
+
+    def max_tokens(**fields) -> int:
+        return prepare(parse_body(json.dumps(fields).encode()), tokenizer, info).sampling.max_tokens
+
+    chat = [{"role": "user", "content": "hi"}]
+    assert max_tokens(messages=chat) == 7
+    assert max_tokens(messages=chat, max_tokens=30) == 30  # a request's own value wins
+    assert max_tokens(prompt="hi") == 7  # below the completions' default of 16
+    assert max_tokens(prompt="hi", max_tokens=30) == 30
