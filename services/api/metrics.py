@@ -87,6 +87,8 @@ class StatsCollector:
             ("resumed_requests", "Preempted or moved requests admitted again.", sched, "num_resumed_total"),
             ("resumed_recomputed_tokens", "Known tokens resumed requests computed again (neither tier had "
              "them).", sched, "num_resumed_recomputed_tokens_total"),
+            ("resumed_over_one_block", "Resumes that computed more than one block of known tokens again.", sched,
+             "num_resumed_over_one_block_total"),
             ("spec_decode_num_drafts", "Speculative decoding: request steps that verified drafts.", sched,
              "spec_decode_num_drafts_total"),
             ("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified.", sched,
