@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from pagedserve.services.gpu_worker.sampling.grammar import apply_bitmask
 from pagedserve.services.gpu_worker.sampling.sampler import sample
 from pagedserve.shared.messages import SamplingParams
 from tests.gpu_worker.test_sample_race import _allowed, _bitmask
@@ -54,3 +55,13 @@ def test_masks_in_the_sampler_are_masked_logits_sampled(kernel, monkeypatch):
         assert all(allowed[i, token] for i, (token, _, _) in enumerate(got))
     top = _run(by_hand)[3][2]  # logprobs are of the masked distribution: its top tokens are allowed ones
     assert len(top) == 2 and all(allowed[3, token] for token, _ in top)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_bitmask_masks_exactly_the_listed_rows(dtype):
+    """float32 through the kernel's mask_rows (where built), other dtypes through xgrammar's apply."""
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3)).to(dtype)
+    allowed = _allowed(4, VOCAB, seed=3)
+    expected = logits.clone()
+    expected[[0, 2]] = expected[[0, 2]].masked_fill(~allowed[[0, 2]], -math.inf)
+    assert torch.equal(apply_bitmask(logits.clone(), _bitmask(allowed), [0, 2]), expected)

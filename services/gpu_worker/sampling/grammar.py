@@ -1,11 +1,13 @@
 """Structured outputs on the worker (xgrammar): one matcher per sequence, a token bitmask per step.
 
 Grammars compile on their own thread the moment a plan names them, once per (kind, spec) (cached),
-so a new schema never runs on the step's thread; on a GPU a step's masks are filled on another thread
-while the model's forward runs, and joined just before sampling (on a CPU, after the forward). A matcher is state that never travels:
-a sequence seen anew (new, resumed after a preemption, migrated to this worker, a fork's child)
-gets a fresh one that replays the tokens it generated so far. Once a grammar is complete only the
-stop tokens (the model's EOS) are allowed, so the request ends there as any other.
+so a new schema never runs on the step's thread (the first step that samples it waits for it). On a
+GPU a step's masks are filled on another thread while the model's forward runs (on a CPU, after the
+forward), and the sampler joins them (sampler.sample; on a CPU its kernel races only over the allowed
+tokens). A matcher is state that never travels: a sequence seen anew (new, resumed after a
+preemption, migrated to this worker, a fork's child) gets a fresh one that replays the tokens it
+generated so far. Once a grammar is complete only the stop tokens (the model's EOS) are allowed, so
+the request ends there as any other.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     """logits [N, V] float32 with every token row i's grammar forbids at -inf, for i in rows (in place)."""
     if not rows:
         return logits
-    kernel = cpu_extensions.load("sample") if logits.device.type == "cpu" and logits.stride(1) == 1 else None
+    on_cpu = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(1) == 1
+    kernel = cpu_extensions.load("sample") if on_cpu else None
     if kernel is not None:
         kernel.mask_rows(logits, bitmask, torch.tensor(rows, dtype=torch.int64))
         return logits
