@@ -6,6 +6,7 @@ live child left is aborted.
 from __future__ import annotations
 
 from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.shared.block_hash import BlockHashes
 from pagedserve.shared.messages import Fork
 from pagedserve.shared.parallel_sampling import child_request_ids, child_sampling
 
@@ -23,6 +24,9 @@ class ForkGroups:
                             parent.eos_token_ids, parent.arrival_time, parent.priority, parent.tenant,
                             parent.cache_salt)
             child.arrival_seq = parent.arrival_seq
+            if parent.block_hashes is not None:  # the prompt's, hashed once; each child extends its own
+                hashes = parent.block_hashes
+                child.block_hashes = BlockHashes(hashes.root, hashes.block_size, list(hashes.hashes))
             children.append(child)
             self._parent_of[child_id] = parent.request_id
         self._children[parent.request_id] = children

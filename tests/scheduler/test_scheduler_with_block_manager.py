@@ -116,16 +116,34 @@ def test_a_resumed_request_counts_what_it_recomputes(prefix):
     manager.check_integrity()
 
 
-def test_hashes_computed_once_by_the_scheduler_are_the_kvstores_and_it_hashes_nothing(monkeypatch):
-    """Requests carry their block hashes (as WorkerTable.place gives them): the kvstore, which
-    hashes nothing, caches every full block of prompt and output under the hash it would have
-    computed, a repeated prompt hits them, and preemption under a small pool changes no token."""
-
+def _no_kvstore_hashing(monkeypatch) -> None:
     def no_hashing(*args):
         raise AssertionError("the kvstore hashed a block the scheduler had hashed")
 
     monkeypatch.setattr("pagedserve.services.kvstore.block_table.hash_block", no_hashing)
     monkeypatch.setattr("pagedserve.services.kvstore.block_manager.hash_full_blocks", no_hashing)
+
+
+def test_fork_children_carry_the_parents_hashes_and_extend_their_own(monkeypatch):
+    _no_kvstore_hashing(monkeypatch)
+    scheduler, manager, worker = _stack(num_blocks=64, block_size=4, prefix=True)
+    parent = make_request("p", num_prompt_tokens=10, max_tokens=9, n=2, seed=1)
+    parent.block_hashes = BlockHashes(root_hash(()), 4)
+    scheduler.add_request(parent)
+    records = run_until_done(scheduler, manager, worker)
+    outputs = outputs_by_request(records)
+    assert sorted(outputs) == ["p.0", "p.1"] and all(len(tokens) == 9 for tokens in outputs.values())
+    for child_id, tokens in outputs.items():  # 10 + 9 tokens: 4 full blocks, each child's own
+        hashes = hash_full_blocks(parent.prompt_token_ids + tokens[:8], 4)
+        assert all(manager.pool.lookup(h) is not None for h in hashes), child_id
+    manager.check_integrity()
+
+
+def test_hashes_computed_once_by_the_scheduler_are_the_kvstores_and_it_hashes_nothing(monkeypatch):
+    """Requests carry their block hashes (as WorkerTable.place gives them): the kvstore, which
+    hashes nothing, caches every full block of prompt and output under the hash it would have
+    computed, a repeated prompt hits them, and preemption under a small pool changes no token."""
+    _no_kvstore_hashing(monkeypatch)
 
     def requests():
         made = [make_request(r, num_prompt_tokens=30, max_tokens=20, arrival_time=t) for r, t in (("a", 0), ("b", 1))]
