@@ -36,7 +36,7 @@ class Engine:
         policy = configured_policy(self.config.policy, self.config.policy_options)  # before the weights load
         self.worker = Worker(self.config)
         model_config = self.worker.model_config
-        self.max_model_len = self.config.max_model_len or model_config.max_position_embeddings
+        self.max_model_len = model_config.context_length(self.config.max_model_len or None)
         self.eos_token_ids = list(model_config.eos_token_ids)
         self.block_manager = BlockManager(self.worker.num_blocks, self.config.block_size,
                                           enable_prefix_caching=self.config.enable_prefix_caching,

@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
         worker = compute.submit(_load_worker, config, args.threads, phases).result()
-    except Exception as e:  # a model that cannot load or a pool that does not fit
+        max_model_len = worker.model_config.context_length(config.max_model_len or None)
+    except Exception as e:  # a model that cannot load, a pool that does not fit, a context it lacks
         log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
         return 1
-    max_model_len = config.max_model_len or worker.model_config.max_position_embeddings
     from pagedserve.services.gpu_worker.loop import WorkerLoop
 
     phases.begin("joining the stack (heartbeat, hello to the scheduler)")

@@ -140,3 +140,21 @@ def test_gemma_configs_read_as_transformers_reads_them(raw, config_class):
         assert (ours.rope_theta, ours.rope_local_theta, ours.attn_softcap, ours.final_softcap) == (1e4, None, 50, 30)
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         ModelConfig.from_hf_config({**raw, "use_bidirectional_attention": True})
+
+
+def test_a_max_model_len_past_the_models_context_is_refused_naming_its_field():
+    def refusal(**keys) -> str:
+        config = ModelConfig.from_hf_config({**BASE, **keys})
+        assert config.context_length(None) == config.max_position_embeddings
+        assert config.context_length(config.max_position_embeddings) == config.max_position_embeddings
+        with pytest.raises(ValueError) as e:
+            config.context_length(config.max_position_embeddings + 1)
+        return str(e.value)
+
+    assert refusal(model_type="llama") == ("--max-model-len 8193 exceeds this model's context of 8192 tokens "
+                                           "(its max_position_embeddings)")
+    assert refusal(model_type="mistral", sliding_window=4096).endswith("of 4096 tokens (its sliding_window)")
+    longrope = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}
+    assert refusal(model_type="phi3", original_max_position_embeddings=4096, rope_parameters=longrope).endswith(
+        "(its original_max_position_embeddings)")
+    assert refusal(model_type="gemma2", sliding_window=512).endswith("of 8192 tokens (its max_position_embeddings)")

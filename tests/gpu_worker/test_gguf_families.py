@@ -29,6 +29,9 @@ def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type
     hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
     model = build_model(str(path))
     assert model.config.architecture == ("llama" if name in ("llama3", "mistral") else name)
+    arch = "qwen3" if name == "qwen3" else "qwen2" if name == "qwen2" else "llama"
+    with pytest.raises(ValueError, match=rf"context of 256 tokens \(its {arch}.context_length\)"):
+        model.config.context_length(257)
     if name == "llama3":
         assert model.config.rope_scaling["rope_type"] == "freq_factors"  # from the file's rope_freqs
     prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -49,6 +49,17 @@ class ModelConfig:
     sliding_window: int | None = None  # keys t - p < window for the layers layer_types says slide
     layer_types: list[str] | None = None  # "sliding_attention" | "full_attention" per layer; None: all full
     rope_local_theta: float | None = None  # the sliding layers' rope base (Gemma 3); None: rope_theta
+    # the config.json or GGUF key the context comes from (not compared: a folder equals its GGUF)
+    context_field: str = field(default="max_position_embeddings", compare=False)
+
+    def context_length(self, max_model_len: int | None) -> int:
+        """--max-model-len, or the model's context; refuses one longer, naming where that comes from."""
+        if max_model_len is None:
+            return self.max_position_embeddings
+        if max_model_len > self.max_position_embeddings:
+            raise ValueError(f"--max-model-len {max_model_len} exceeds this model's context of "
+                             f"{self.max_position_embeddings} tokens (its {self.context_field})")
+        return max_model_len
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a layer, None where it attends to the whole context."""
@@ -86,6 +97,7 @@ class ModelConfig:
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         rope_theta, rope_scaling, partial_rotary_factor = _hf_rope(config)
+        context, context_field = _served_context(config, fam, rope_scaling)
         eos = _as_id_list(config.get("eos_token_id"))
         for token_id in _as_id_list((generation_config or {}).get("eos_token_id")):
             if token_id not in eos:
@@ -101,7 +113,8 @@ class ModelConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=_served_context(config, fam, rope_scaling),
+            max_position_embeddings=context,
+            context_field=context_field,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", fam.gemma)),  # Gemma's default: tied
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos,
@@ -153,6 +166,7 @@ class ModelConfig:
             rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=rope_scaling,
             max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
+            context_field=f"{arch}.context_length",
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=eos,
@@ -172,22 +186,24 @@ def _field(reader, key: str, default: Any = KeyError) -> Any:
     return reader.fields[key].contents()
 
 
-def _served_context(config: dict[str, Any], fam, rope_scaling: dict | None) -> int:
-    """max_position_embeddings, capped to the sliding window where any layer slides (the paged
-    kernels attend to the whole context, which equals a window only while the context fits it)
-    and to longrope's original context (past it transformers re-ropes the whole sequence)."""
-    context = config.get("max_position_embeddings", 2048)
+def _served_context(config: dict[str, Any], fam, rope_scaling: dict | None) -> tuple[int, str]:
+    """(context, the config.json field that sets it): max_position_embeddings, capped to the
+    sliding window where any layer of a non-Gemma family slides (their layers attend to the whole
+    context, which equals a window only while the context fits it) and to longrope's original
+    context (past it transformers re-ropes the whole sequence)."""
+    context, source = config.get("max_position_embeddings", 2048), "max_position_embeddings"
     if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
-        context = min(context, rope_scaling["original_max_position_embeddings"])
+        if rope_scaling["original_max_position_embeddings"] < context:
+            context, source = rope_scaling["original_max_position_embeddings"], "original_max_position_embeddings"
     window = config.get("sliding_window")
     layer_types = config.get("layer_types")
     if fam.gemma:  # its windows are masked by the attention
-        return context
+        return context, source
     if layer_types is not None:
         slides = "sliding_attention" in layer_types
     else:  # Mistral's and Phi-3's window applies to every layer; Qwen's only with use_sliding_window
         slides = config.get("use_sliding_window", fam.window_without_flag)
-    return min(context, int(window)) if slides and window else context
+    return (int(window), "sliding_window") if slides and window and window < context else (context, source)
 
 
 def _gemma_fields(config: dict[str, Any], fam) -> dict[str, Any]:
