@@ -1,6 +1,6 @@
-"""A non-llama model through the whole stack: `pagedserve up --model DIR` on a tiny random Qwen3
-folder with its own tokenizer, chat template and eos ids; a chat completion through the api
-returns the text of transformers' greedy tokens, stopping on the eos the model declares."""
+"""Non-llama models through the whole stack: `pagedserve up --model DIR` on tiny random Qwen3 and
+Gemma 3 folders with their own tokenizers, chat templates and eos ids; a chat completion through
+the api returns the text of transformers' greedy tokens, stopping on the eos the model declares."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from tests.gpu_worker.family_checkpoints import hf_greedy, save_servable
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 24
-# with seed 10 the first two answers end on an eos id, the last runs to max_tokens
 QUESTIONS = ["List three fruits that are red.", "def f(x): return x ** 2", "What is the capital of France?"]
+# family -> (seed, its eos ids, how transformers' answers to QUESTIONS end with that seed)
+CASES = {"qwen3": (10, {0, 2}, ["stop", "stop", "length"]),
+         "gemma3": (10, {1, 4}, ["length", "stop", "stop"])}  # Gemma: windows of 8 over ~40 tokens
 
 
 def _expected(hf_model, hf_tokenizer, question: str, eos: set[int]) -> tuple[str, str]:
@@ -31,11 +33,13 @@ def _expected(hf_model, hf_tokenizer, question: str, eos: set[int]) -> tuple[str
     return hf_tokenizer.decode(tokens, skip_special_tokens=True), "length"
 
 
-def test_up_serves_a_qwen3_folder_as_transformers_would(tmp_path):
-    hf_model, hf_tokenizer = save_servable("qwen3", tmp_path / "qwen3", seed=10)
-    model_dir = str(tmp_path / "qwen3")
-    expected = [_expected(hf_model, hf_tokenizer, q, {0, 2}) for q in QUESTIONS]
-    assert [reason for _, reason in expected] == ["stop", "stop", "length"]
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_up_serves_a_folder_as_transformers_would(tmp_path, name):
+    seed, eos, reasons = CASES[name]
+    hf_model, hf_tokenizer = save_servable(name, tmp_path / name, seed=seed)
+    model_dir = str(tmp_path / name)
+    expected = [_expected(hf_model, hf_tokenizer, q, eos) for q in QUESTIONS]
+    assert [reason for _, reason in expected] == reasons
     port = free_port()
     env = base_env(PAGEDSERVE_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("REDIS_URL", None)
