@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 
 SCHEDULER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total",
-                    "generation_tokens_total", "prompt_tokens_total", "num_finished_total")
+                    "generation_tokens_total", "prompt_tokens_total", "num_finished_total",
+                    "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                    "spec_decode_num_accepted_tokens_total")
 WORKER_FIELDS = ("num_requests_running", "num_requests_waiting", "num_preemptions_total")
 KVSTORE_FIELDS = ("num_blocks", "num_held_blocks", "num_free_blocks", "num_cached_blocks", "num_cached_free_blocks",
                   "usage", "prefix_caching", "prefix_cache_queries", "prefix_cache_hits", "integrity_ok",

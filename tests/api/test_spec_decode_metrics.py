@@ -31,3 +31,12 @@ def test_speculation_off_shows_zero_counters_and_no_positions():
     assert _samples({}) == {("pagedserve:spec_decode_num_drafts_total", None): 0,
                             ("pagedserve:spec_decode_num_draft_tokens_total", None): 0,
                             ("pagedserve:spec_decode_num_accepted_tokens_total", None): 0}
+
+
+def test_the_dashboard_snapshot_carries_the_spec_decode_counters():
+    from pagedserve.services.api.dashboard_snapshot import build_snapshot
+
+    sched = {"spec_decode_num_drafts_total": 4, "spec_decode_num_draft_tokens_total": 16,
+             "spec_decode_num_accepted_tokens_total": 10}
+    snapshot = build_snapshot({"scheduler": sched}, 0.0, 0.0, [], 1.0)
+    assert {k: snapshot["scheduler"][k] for k in sched} == sched
