@@ -79,9 +79,10 @@ def test_32_concurrent_requests_over_rest_websocket_and_sse(stack_api, backend, 
             surfaces = (lambda i: _rest(http, i), lambda i: _ws(stack_api.base_url, i), lambda i: _sse(oai, i))
             return await asyncio.gather(*(surfaces[i % 3](i) for i in range(NUM_REQUESTS)))
 
+    kv_before = backend.stats("kvstore") or {}
     results = asyncio.run(scenario())
     for i, ((text, token_ids), ref) in enumerate(zip(results, reference, strict=True)):
         assert text == ref.text, (i, ["rest", "websocket", "sse"][i % 3])
         if token_ids is not None:
             assert token_ids == ref.token_ids, i
-    backend.wait_kvstore_clean(timeout=60)
+    backend.wait_kvstore_clean(timeout=60, since=kv_before)

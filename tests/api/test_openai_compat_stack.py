@@ -104,12 +104,12 @@ def test_a_list_of_prompts_streams_every_choice(oai):
 def test_prompts_of_a_list_run_together_and_a_hang_up_aborts_them_all(oai, backend):
     """Six prompts that run until stopped: all six run at once (the same steps), and closing the
     stream frees every one's blocks."""
-    backend.wait_kvstore_clean(timeout=120)  # nothing of an earlier test still runs
+    kv_before = backend.wait_kvstore_clean(timeout=120)  # nothing of an earlier test still runs
     stream = _greedy(oai, PROMPTS * 2, stream=True, extra_body={"max_tokens": 3000, "ignore_eos": True})
     next(iter(stream))
     wait_for(lambda: backend.stats("scheduler")["num_requests_running"] >= 6, 120, "six prompts running at once")
     stream.close()
-    backend.wait_kvstore_clean(timeout=120)
+    backend.wait_kvstore_clean(timeout=120, since=kv_before)
 
 
 def test_logit_bias_steers_greedy_output(oai, tokenizer):

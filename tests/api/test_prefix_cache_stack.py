@@ -32,7 +32,7 @@ def _kv(backend) -> dict:
 
 
 def test_n_seeded_choices_each_equal_their_seed_alone(oai, engine, backend):
-    copies_before = _kv(backend).get("num_block_copies", 0)
+    kv_before = _kv(backend)
     r = oai.completions.create(model="smollm2", prompt=PROMPT, n=N, seed=SEED, temperature=0.9,
                                max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True})
     assert [c.index for c in r.choices] == list(range(N))
@@ -42,13 +42,14 @@ def test_n_seeded_choices_each_equal_their_seed_alone(oai, engine, backend):
     assert len(set(alone)) > 1
     num_prompt = len(engine.tokenizer.encode(PROMPT))
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (num_prompt, N * MAX_TOKENS)
-    backend.wait_kvstore_clean(timeout=60)
+    kv_after = backend.wait_kvstore_clean(timeout=60, since=kv_before)
     expected_copies = 0 if (num_prompt - 1) % 16 == 0 else N - 1
-    assert _kv(backend)["num_block_copies"] - copies_before == expected_copies
+    assert kv_after["num_block_copies"] - kv_before.get("num_block_copies", 0) == expected_copies
 
 
 def test_n_greedy_chat_choices_stream_by_index(oai, engine, tokenizer, backend):
     chat = [{"role": "user", "content": "Name a color."}]
+    kv_before = _kv(backend)
     (greedy,) = engine.generate([tokenizer.apply_chat_template(chat)],
                                 SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), decode=True)
     texts, finishes = ["", ""], [None, None]
@@ -59,7 +60,7 @@ def test_n_greedy_chat_choices_stream_by_index(oai, engine, tokenizer, backend):
             finishes[choice.index] = choice.finish_reason or finishes[choice.index]
     assert texts == [greedy.text, greedy.text]
     assert finishes == [greedy.finish_reason] * 2
-    backend.wait_kvstore_clean(timeout=60)
+    backend.wait_kvstore_clean(timeout=60, since=kv_before)
 
 
 def test_the_admin_reset_empties_the_prefix_cache(stack_api, oai, backend):

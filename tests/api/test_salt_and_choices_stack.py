@@ -129,6 +129,7 @@ CHOICES_BODY = {"prompt": CHOICES_PROMPT, "n": N, "seed": SEED, "temperature": 0
 
 
 def test_rest_n_choices_each_equal_their_seed_alone(stack_api, alone, backend):
+    kv_before = backend.stats("kvstore") or {}
     state = _rest_finished(stack_api, CHOICES_BODY)
     assert [c["index"] for c in state["choices"]] == list(range(N))
     assert [c["text"] for c in state["choices"]] == [out.text for out in alone]
@@ -139,16 +140,17 @@ def test_rest_n_choices_each_equal_their_seed_alone(stack_api, alone, backend):
         (len(alone[0].prompt_token_ids), N * MAX_TOKENS)
     replay = _ws_messages(stack_api, {}, f"/v1/requests/{state['request_id']}/stream")
     _check_stream(replay, alone, state["request_id"])
-    backend.wait_kvstore_clean(timeout=60)
+    backend.wait_kvstore_clean(timeout=60, since=kv_before)
 
 
 def test_websocket_n_choices_stream_by_index(stack_api, alone, backend):
+    kv_before = backend.stats("kvstore") or {}
     messages = _ws_messages(stack_api, CHOICES_BODY)
     request_id = messages[0]["request_id"]
     _check_stream(messages, alone, request_id)
     finals = [m for m in messages if m["type"] == "final"]
     assert [m["usage"]["completion_tokens"] for m in finals] == [MAX_TOKENS] * N
-    backend.wait_kvstore_clean(timeout=60)
+    backend.wait_kvstore_clean(timeout=60, since=kv_before)
 
 
 def _check_stream(messages: list[dict], alone: list, request_id: str) -> None:

@@ -108,7 +108,8 @@ class ServiceStack:
         """The kvstore's stats once no block is held and its integrity check passes. With since
         (its stats read before a request was sent; prefix caching on), only stats of the live
         kvstore that has admitted a request since: it writes them a moment after each step, so
-        the stats read just after a request finished may be from before it was admitted."""
+        the stats read just after a request finished may be from before it was admitted.
+        since={} (no stats yet): any request admitted by the live kvstore."""
         live = self.incarnation("kvstore") if since is not None else None
 
         def clean():
@@ -116,7 +117,7 @@ class ServiceStack:
             if not stats or stats["num_held_blocks"] != 0 or not stats["integrity_ok"]:
                 return None
             if since is not None and (stats["incarnation"] != live or stats["prefix_cache_queries"] <= (
-                    since["prefix_cache_queries"] if since["incarnation"] == live else 0)):
+                    since.get("prefix_cache_queries", 0) if since.get("incarnation") == live else 0)):
                 return None
             return stats
 

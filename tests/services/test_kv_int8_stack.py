@@ -32,6 +32,7 @@ def test_int8_pool_serves_like_the_engine_and_frees_every_block(int8_stack):
     prompts = [prefix + [7 + i + j for j in range(16)] for i in range(3)]
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     api = TestApi(int8_stack)
+    kv_before = int8_stack.stats("kvstore") or {}
     try:
         alone = api.wait_finished([api.submit(prompts[0], greedy)], timeout=300.0)[0]
         batch = api.wait_finished([api.submit(p, greedy) for p in prompts], timeout=300.0)
@@ -42,5 +43,5 @@ def test_int8_pool_serves_like_the_engine_and_frees_every_block(int8_stack):
     engine = Engine(EngineConfig(dtype="bfloat16", num_blocks=NUM_BLOCKS, kv_cache_dtype="int8"))
     assert engine.worker.pool.kv_caches[0].dtype == torch.int8
     assert alone.token_ids == engine.generate([prompts[0]], greedy)[0].token_ids
-    stats = int8_stack.wait_kvstore_clean()  # every block back, integrity checked
+    stats = int8_stack.wait_kvstore_clean(since=kv_before)  # every block back, integrity checked
     assert stats["num_blocks"] == NUM_BLOCKS and stats["num_free_blocks"] == NUM_BLOCKS

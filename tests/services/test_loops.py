@@ -70,6 +70,7 @@ def api(stack):
 
 def _run_with_crash(stack, api, prompt_ids, reference, service: str) -> None:
     """Submit LONG requests, SIGKILL `service` once tokens flow, restart it, finish."""
+    kv_before = stack.stats("kvstore") or {}
     ids = [api.submit(p, LONG) for p in prompt_ids]
     preemptions_before = stack.stats("scheduler")["num_preemptions_total"]
     api.wait(lambda: sum(len(api.outputs[r].token_ids) for r in ids) >= 2, 120, "first tokens")
@@ -83,33 +84,35 @@ def _run_with_crash(stack, api, prompt_ids, reference, service: str) -> None:
     outputs = api.wait_finished(ids, timeout=180)
     assert [o.finish_reason for o in outputs] == ["length"] * len(ids)
     assert [o.token_ids for o in outputs] == reference["long"]
-    stack.wait_kvstore_clean()
+    stack.wait_kvstore_clean(since=kv_before)
     if service != "scheduler":  # the scheduler preempted its running requests to recompute them
         wait_for(lambda: stack.stats("scheduler")["num_preemptions_total"] > preemptions_before, 10,
                  "the scheduler to count the preemptions")
 
 
 def test_outputs_match_the_in_process_engine(stack, api, prompt_ids, reference):
+    kv_before = stack.stats("kvstore") or {}
     ids = [api.submit(p, SHORT) for p in prompt_ids]
     outputs = api.wait_finished(ids)
     assert [o.token_ids for o in outputs] == reference["short"]
     assert all(o.finish_reason in ("stop", "length") for o in outputs)
-    stats = stack.wait_kvstore_clean()
+    stats = stack.wait_kvstore_clean(since=kv_before)
     assert stats["num_blocks"] == 256
-    assert stats["prefix_cache_hits"] > 0
+    assert stats["prefix_cache_hits"] > kv_before.get("prefix_cache_hits", 0)
     num_tokens = sum(len(t) for t in reference["short"])
     wait_for(lambda: (s := stack.stats("scheduler"))["num_requests_running"] == s["num_requests_waiting"] == 0
              and s["generation_tokens_total"] >= num_tokens, 10, "the scheduler's stats to show it idle")
 
 
 def test_abort_of_a_running_request_frees_its_blocks(stack, api, prompt_ids):
+    kv_before = stack.stats("kvstore") or {}
     request_id = api.submit(prompt_ids[0], SamplingParams(max_tokens=2000, ignore_eos=True))
     api.wait(lambda: api.outputs[request_id].token_ids, 60, "the first token")
     api.abort(request_id)
     (output,) = api.wait_finished([request_id], timeout=60)
     assert output.finish_reason == "abort"
     assert 0 < len(output.token_ids) < 2000
-    stack.wait_kvstore_clean()
+    stack.wait_kvstore_clean(since=kv_before)
 
 
 def test_abort_of_an_unknown_request_is_ignored(stack, api, prompt_ids, reference):
@@ -122,14 +125,16 @@ def test_requests_of_a_silent_api_go_on(stack, prompt_ids):
     # an api without heartbeat (restarting, or cut off by a Redis restart) is not "lost":
     # its requests run to their end, their deltas wait on its stream
     silent = TestApi(stack, heartbeat_ttl_ms=300)  # never refreshed: expires at once
+    kv_before = stack.stats("kvstore") or {}
     request_id = silent.submit(prompt_ids[0], SamplingParams(max_tokens=48, ignore_eos=True))
     (output,) = silent.wait_finished([request_id], timeout=120)
     assert output.finish_reason == "length" and len(output.token_ids) == 48
-    stack.wait_kvstore_clean()
+    stack.wait_kvstore_clean(since=kv_before)
 
 
 def test_garbage_on_every_stream_ends_no_loop(stack, api, prompt_ids, reference):
     keys = stack.keys
+    kv_before = stack.stats("kvstore") or {}
     for stream in (keys.requests, keys.kv_alloc, keys.kv_reply, keys.worker_plan("0"), keys.worker_results,
                    keys.worker_hello):
         stack.redis.xadd(stream, {FIELD: b"\xc1 not msgpack"})
@@ -137,7 +142,7 @@ def test_garbage_on_every_stream_ends_no_loop(stack, api, prompt_ids, reference)
     (output,) = api.wait_finished([api.submit(prompt_ids[2], SHORT)])
     assert output.token_ids == reference["short"][2]
     assert all(proc.poll() is None for proc in stack.procs.values())
-    stack.wait_kvstore_clean()
+    stack.wait_kvstore_clean(since=kv_before)
 
 
 def test_worker_killed_mid_generation(stack, api, prompt_ids, reference):
