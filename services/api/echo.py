@@ -38,8 +38,6 @@ def prompt_echo(body, prompt_ids: list[int], logprobs: int | None, tokenizer) ->
     num_top = max(wanted or 0, logprobs) if echo and logprobs is not None else wanted
     if num_top is not None and body.n > 1:
         raise ApiError(400, "prompt logprobs (echo with logprobs, prompt_logprobs) take n = 1", param="n")
-    if echo and body.stream:
-        raise ApiError(400, "echo is not supported with stream", param="echo", code="unsupported")
     prompt = body.prompt[0] if echo and isinstance(body.prompt, list) and isinstance(body.prompt[0], (str, list)) \
         else getattr(body, "prompt", "")
     text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids, skip_special_tokens=False)

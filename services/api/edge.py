@@ -20,7 +20,7 @@ from pagedserve.services.api.admission import RequestLimits
 from pagedserve.services.api.inputs import ModelInfo, prepare
 from pagedserve.services.api.loop import ApiLoop, RedisUnavailable
 from pagedserve.services.api.metrics import ApiMetrics
-from pagedserve.services.api.prompt_batch import PromptBatch, split_prompts
+from pagedserve.services.api.prompt_batch import PromptBatch, prompt_copies, split_prompts
 from pagedserve.services.api.protocol import ApiError, CompletionRequest, parse_body
 from pagedserve.services.api.request import ApiRequest
 
@@ -53,7 +53,8 @@ class ApiState:
             request = await asyncio.to_thread(prepare, body, self.tokenizer, self.info, self.limits, tenant)
         else:
             request = PromptBatch(await asyncio.to_thread(
-                lambda: [prepare(part, self.tokenizer, self.info, self.limits, tenant) for part in parts]))
+                lambda: [prepare(part, self.tokenizer, self.info, self.limits, tenant) for part in parts]),
+                prompt_copies(body))
         if cls is None and request.prompt is not None:  # REST and the WebSocket report no prompt logprobs
             field = "echo" if request.prompt.echo else "prompt_logprobs"
             raise ApiError(400, f"{field} is served on /v1/completions and /v1/chat/completions only", param=field,

@@ -1,6 +1,10 @@
 """Strict at the door of the OpenAI routes: a field OpenAI defines that this server does not
 implement, given a value that asks for something, is a 400 naming it, never silently ignored.
 
+A field neither OpenAI's nor ours (another server's extension, a typo) is accepted and ignored,
+as vLLM does (its request models allow extras and log them): check_fields returns its name, the
+route logs it and answers with it in the `pagedserve-ignored-fields` header.
+
 A field the route's request model (protocol.py) declares is implemented there and checked by
 inputs.prepare, so it never reaches this table: as structured outputs and tools land
 (response_format, tools, tool_choice, parallel_tool_calls: issue 31) they leave this check by
@@ -35,9 +39,12 @@ _CHAT = {
 }
 
 
-def check_fields(data: dict, cls) -> None:
+IGNORED_HEADER = "pagedserve-ignored-fields"
+
+
+def check_fields(data: dict, cls) -> list[str]:
     """400 for an OpenAI field `cls` does not declare whose value asks for something; 400 for
-    stream_options without stream (OpenAI's own rule)."""
+    stream_options without stream (OpenAI's own rule). Returns the fields it ignores, sorted."""
     table = _CHAT if "messages" in cls.model_fields else {}  # /v1/completions declares all of its fields
     for name, honoured in table.items():
         if name in cls.model_fields or name not in data or honoured is _ANY:
@@ -47,4 +54,5 @@ def check_fields(data: dict, cls) -> None:
                            code="unsupported")
     if data.get("stream_options") is not None and data.get("stream") is not True:
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    return sorted(name for name in data if name not in cls.model_fields and name not in table)
 

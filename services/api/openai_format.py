@@ -53,6 +53,20 @@ def completion_chunk(request: ApiRequest, index: int, out: Output, text_offset: 
     return _envelope(request, "text_completion", [choice], usage=_chunk_usage(request))
 
 
+def completion_echo_chunk(request: ApiRequest, index: int, out: Output) -> dict:
+    """A streamed choice's first chunk under echo: its prompt (and the prompt tokens' logprobs)
+    before the first text, as vLLM streams it; max_tokens 0 (drop_output): the prompt alone."""
+    gen = request.gens[index]
+    prompt = gen.request.prompt
+    text, logprobs = ("", []) if prompt.drop_output else (out.text, out.logprobs)
+    scored = completion_logprobs(gen, logprobs, len(prompt.text))
+    if scored is not None:
+        echoed = echoed_logprobs(gen.request, gen, _token_text, completion_top)
+        scored = {key: echoed[key] + scored[key] for key in scored}
+    choice = {"index": index, "text": prompt.text + text, "logprobs": scored, "finish_reason": out.finish_reason}
+    return _envelope(request, "text_completion", [choice], usage=_chunk_usage(request))
+
+
 def chat_role_chunk(request: ApiRequest, index: int = 0) -> dict:
     choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
               "finish_reason": None}

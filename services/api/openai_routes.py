@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedserve.services.api import openai_format as fmt
 from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
-from pagedserve.services.api.openai_fields import check_fields
+from pagedserve.services.api.generation import Output
+from pagedserve.services.api.openai_fields import IGNORED_HEADER, check_fields
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_json_object
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.responses_api import ResponseShape, chat_body
@@ -56,17 +57,20 @@ async def chat_completions(request: Request) -> Response:
 async def _serve(request: Request, cls) -> Response:
     state = state_of(request)
     raw = await read_body(request, state.max_body_bytes)
-    check_fields(parse_json_object(raw), cls)
+    ignored = check_fields(parse_json_object(raw), cls)
     api_request = await state.accept(raw, request, cls, many=cls is CompletionRequest)
+    headers = {IGNORED_HEADER: ",".join(ignored)} if ignored else {}
+    if ignored:
+        log.warning("request %s: fields ignored (not served here): %s", api_request.request_id, ", ".join(ignored))
     if api_request.stream:
         events = tool_events(api_request) if api_request.tool_use else _sse_events(api_request)
-        return GenerationStream(api_request, events)
+        return GenerationStream(api_request, events, headers)
     await while_connected(request.receive, api_request, _drain(api_request), "request handler ended early")
     if api_request.why == CLIENT_GONE:
         log.info("request %s: client hung up, aborted", api_request.request_id)
         return Response(status_code=499)
     body = fmt.chat_response(api_request) if api_request.kind == "chat" else fmt.completion_response(api_request)
-    return JSONResponse(body)
+    return JSONResponse(body, headers=headers)
 
 
 @router.post("/v1/responses")
@@ -114,9 +118,20 @@ async def _sse_events(request: ApiRequest):
         for index in range(len(request.gens)):
             yield fmt.sse(fmt.chat_role_chunk(request, index))
     text_offsets = [0] * len(request.gens)
+    echoes = [not chat and gen.request.prompt is not None and gen.request.prompt.echo for gen in request.gens]
     templates = [fmt.ChunkTemplate(request, i) for i in range(len(request.gens))] \
-        if fmt.ChunkTemplate.applies(request) else None
+        if fmt.ChunkTemplate.applies(request) and not any(echoes) else None
     async for index, out in request.outputs():  # GenerationStream watches the client
+        if echoes[index]:  # the prompt goes first, with the first output (or alone: max_tokens 0)
+            echoes[index] = False
+            chunk = fmt.completion_echo_chunk(request, index, out)
+            text_offsets[index] += len(chunk["choices"][0]["text"])
+            yield fmt.sse(chunk)
+            continue
+        if request.gens[index].request.prompt is not None and request.gens[index].request.prompt.drop_output:
+            if out.finish_reason is None:
+                continue
+            out = Output("", [], finish_reason=out.finish_reason)
         if not out.text and out.finish_reason is None and not (logprobs and out.token_ids):
             continue  # nothing a client can use yet (e.g. half a character)
         if templates is not None and out.finish_reason is None:
@@ -136,9 +151,9 @@ class GenerationStream(StreamingResponse):
     """An SSE response run under edge.while_connected (Starlette skips its own disconnect
     listener from ASGI spec 2.4 on)."""
 
-    def __init__(self, request: ApiRequest, content):
+    def __init__(self, request: ApiRequest, content, headers: dict | None = None):
         super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.request = request
 
     async def __call__(self, scope, receive, send) -> None:

@@ -35,7 +35,12 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk, only with include_usage
+
+    @pydantic.model_validator(mode="after")
+    def _usage_only_if_included(self) -> StreamOptions:
+        self.continuous_usage_stats = self.continuous_usage_stats and self.include_usage
+        return self
 
 
 class _Sampling(_Body):

@@ -2,8 +2,9 @@
 (instructions as the system message, `input` as the conversation) and runs on the chat path;
 the answer is a `response` object, or its SSE events (response.created ... response.completed).
 
-What it does not serve (previous_response_id, tools, reasoning, background, store, ...) is a
-400 naming the field.
+What it does not serve (previous_response_id, tools, reasoning, background, ...) is a 400 naming
+the field. `store` (true by OpenAI's default) is accepted and nothing is stored, as vLLM does
+without --enable-store: the answer says "store": false.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pagedserve.services.api.protocol import ApiError
 # field -> values that ask for nothing beyond text in, text out
 _REFUSED = {"previous_response_id": (None,), "conversation": (None,), "tools": (None, []),
             "tool_choice": (None, "none", "auto"), "reasoning": (None,), "background": (None, False),
-            "store": (None, False), "include": (None, []), "prompt": (None,), "truncation": (None, "disabled"),
+            "include": (None, []), "prompt": (None,), "truncation": (None, "disabled"),
             "max_tool_calls": (None,)}
 
 
@@ -106,7 +107,7 @@ class ResponseShape:
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
                 "temperature": b.temperature, "top_p": b.top_p, "parallel_tool_calls": True, "tool_choice": "auto",
-                "tools": [], "text": {"format": {"type": "text"}}, "metadata": b.metadata or {}, "user": b.user,
+                "tools": [], "store": False, "text": {"format": {"type": "text"}}, "metadata": b.metadata or {}, "user": b.user,
                 "usage": self.usage(usage) if usage else None}
 
     def item(self, text: str, status: str) -> dict:

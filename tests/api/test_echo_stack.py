@@ -69,10 +69,47 @@ def test_echo_then_generate_and_vllm_prompt_logprobs(oai, hf_logprobs, tokenizer
 
 
 @pytest.mark.slow
+def test_a_streamed_echo_equals_the_whole_one(oai):
+    """The prompt and its tokens' logprobs come first in each choice's stream, as vLLM streams them."""
+    kw = dict(model="smollm2", prompt=TEXT, max_tokens=4, temperature=0, echo=True, logprobs=1)
+    whole = oai.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in oai.completions.create(**kw, stream=True)]
+    assert chunks[0].text.startswith(TEXT) and "".join(c.text for c in chunks) == whole.text
+    streamed = {key: [v for c in chunks for v in getattr(c.logprobs, key)] for key in ("tokens", "text_offset")}
+    assert streamed == {"tokens": whole.logprobs.tokens, "text_offset": whole.logprobs.text_offset}
+    scores = [v for c in chunks for v in c.logprobs.token_logprobs]
+    assert scores[0] is None and whole.logprobs.token_logprobs[0] is None
+    assert max(abs(a - b) for a, b in zip(scores[1:], whole.logprobs.token_logprobs[1:], strict=True)) < 1e-4
+    zero = [c.choices[0] for c in oai.completions.create(model="smollm2", prompt=TEXT, max_tokens=0, echo=True,
+                                                          stream=True)]
+    assert "".join(c.text for c in zero) == TEXT and zero[-1].finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_echo_with_logprobs_and_n_scores_the_prompt_for_every_choice(oai, tokenizer):
+    """n > 1 with prompt logprobs: n sequences of each prompt, choice i sampling as seed + i."""
+    prompts = [TEXT, "Hello there"]
+    kw = dict(model="smollm2", max_tokens=3, echo=True, logprobs=2, temperature=1.0)
+    r = oai.completions.create(prompt=prompts, n=2, seed=7, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.usage.prompt_tokens == sum(len(tokenizer.encode(p)) for p in prompts)
+    for choice, prompt in zip(r.choices, [TEXT, TEXT, prompts[1], prompts[1]], strict=True):
+        assert choice.text.startswith(prompt) and choice.logprobs.token_logprobs[0] is None
+    first, second = (c.logprobs.token_logprobs[:len(tokenizer.encode(TEXT))] for c in r.choices[:2])
+    assert max(abs(a - b) for a, b in zip(first[1:], second[1:], strict=True)) < 1e-4
+    for i in range(2):  # choice i is a lone request with seed + i
+        alone = oai.completions.create(prompt=TEXT, n=1, seed=7 + i, **kw).choices[0]
+        assert alone.text == r.choices[i].text
+
+
+@pytest.mark.slow
 def test_what_echo_cannot_serve_is_a_400(oai):
-    for extra, param in (({"n": 2, "logprobs": 1}, "n"), ({"stream": True}, "echo"), ({"max_tokens": -1}, "max_tokens")):
-        with pytest.raises(openai.BadRequestError) as info:
-            oai.completions.create(model="smollm2", prompt="hi", echo=True, extra_body={"max_tokens": 0, **extra})
-        assert info.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model="smollm2", prompt="hi", echo=True, max_tokens=-1)
+    assert info.value.body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError):  # 0 only with echo
         oai.completions.create(model="smollm2", prompt="hi", max_tokens=0)
+    with pytest.raises(openai.BadRequestError) as info:  # chat has no copies to make
+        oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1, n=2,
+                                    extra_body={"prompt_logprobs": 1})
+    assert info.value.body["param"] == "n"

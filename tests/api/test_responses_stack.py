@@ -56,3 +56,10 @@ def test_what_it_does_not_serve_is_a_400(oai, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         oai.responses.create(model="smollm2", input="hi", max_output_tokens=2, extra_body=extra)
     assert info.value.body["param"] == param
+
+
+def test_store_true_is_served_and_nothing_is_stored(oai):
+    """store defaults to true in OpenAI's API; as vLLM without --enable-store, the answer comes and
+    says store: false."""
+    r = oai.responses.create(model="smollm2", input="hi", max_output_tokens=2, store=True, truncation="disabled")
+    assert r.status in ("completed", "incomplete") and r.store is False

@@ -1,0 +1,34 @@
+"""A field neither OpenAI's nor ours (another server's extension, a typo) is accepted and
+ignored, as vLLM does, and named in the pagedserve-ignored-fields header; through the openai
+client on the real stack. (A field OpenAI defines and we cannot honour is a 400:
+test_openai_compat_stack.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedserve.services.api.openai_fields import IGNORED_HEADER, check_fields
+from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
+
+CHAT = [{"role": "user", "content": "Say hi"}]
+
+
+def test_check_fields_names_what_it_ignores_and_nothing_it_serves():
+    data = {"model": "m", "prompt": "hi", "echo": True, "use_beam_search": True, "truncate_prompt_tokens": 3}
+    assert check_fields(data, CompletionRequest) == ["truncate_prompt_tokens", "use_beam_search"]
+    chat = {"messages": CHAT, "metadata": {"a": "b"}, "store": False, "top_logprobs": 2, "chat_template_kwargs": {}}
+    assert check_fields(chat, ChatCompletionRequest) == ["chat_template_kwargs"]
+
+
+@pytest.mark.slow
+def test_unknown_fields_are_served_and_named_in_a_header(oai):
+    raw = oai.completions.with_raw_response.create(model="smollm2", prompt="hi", max_tokens=2, temperature=0,
+                                                   extra_body={"use_beam_search": False, "foo": 1})
+    assert raw.headers[IGNORED_HEADER] == "foo,use_beam_search"
+    assert raw.parse().choices[0].finish_reason == "length"
+    raw = oai.chat.completions.with_raw_response.create(model="smollm2", messages=CHAT, max_tokens=2, stream=True,
+                                                        extra_body={"min_tokens": 1})
+    assert raw.headers[IGNORED_HEADER] == "min_tokens"
+    assert [c.choices[0].finish_reason for c in raw.parse() if c.choices][-1] == "length"
+    plain = oai.chat.completions.with_raw_response.create(model="smollm2", messages=CHAT, max_tokens=2)
+    assert IGNORED_HEADER not in plain.headers
