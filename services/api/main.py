@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -111,11 +110,11 @@ def _is_smollm2(path: str) -> bool:
 
 
 def _context_length(path: str) -> int:
-    from pagedserve.services.gpu_worker.model.config import ModelConfig
+    from pagedserve.shared.model_config import ModelConfig
+    from pagedserve.shared.model_reader import hf_dir_config
 
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        with open(os.path.join(path, "config.json")) as f:
-            return ModelConfig.from_hf_config(json.load(f)).max_position_embeddings
+        return hf_dir_config(path).max_position_embeddings
     from gguf import GGUFReader
 
     from pagedserve.shared.model_source import find_gguf_in_dir

@@ -8,8 +8,8 @@ import torch
 
 from pagedserve.services.gpu_worker.attention.kv_quant import row_width
 from pagedserve.services.gpu_worker.host_memory import huge_pages_zeros
-from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.shared.config import EngineConfig, parse_size
+from pagedserve.shared.model_config import ModelConfig
 
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

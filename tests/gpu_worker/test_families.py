@@ -9,9 +9,9 @@ import torch
 import transformers
 
 from pagedserve.services.gpu_worker.kv_pool import KVPool
-from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.llama import build_model
-from pagedserve.services.gpu_worker.model.weights import load_config
+from pagedserve.shared.model_config import ModelConfig
+from pagedserve.shared.model_reader import load_config
 from pagedserve.shared.tokenizer import load_tokenizer
 from tests.gpu_worker.family_checkpoints import FAMILIES, SERVABLE, VOCAB, save_checkpoint, save_servable
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step

@@ -62,7 +62,7 @@ def test_packing_refuses_shapes_the_kernels_cannot_tile():
 
 
 def test_the_gguf_is_parsed_once_per_file_version(smollm2):
-    from pagedserve.services.gpu_worker.model.weights import open_gguf, resolve_model
+    from pagedserve.shared.model_reader import open_gguf, resolve_model
 
     path = resolve_model("smollm2")
     assert open_gguf(path) is open_gguf(path)  # the state dict and both block kinds share it

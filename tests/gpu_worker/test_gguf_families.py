@@ -12,7 +12,8 @@ import torch
 
 from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.llama import build_model
-from pagedserve.services.gpu_worker.model.weights import GGUF_TYPES, dequantize_tensor, load_config, open_gguf
+from pagedserve.services.gpu_worker.model.weights import dequantize_tensor
+from pagedserve.shared.model_reader import GGUF_TYPES, load_config, open_gguf
 from pagedserve.shared.tokenizer import load_tokenizer
 from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint, save_servable
 from tests.gpu_worker.family_gguf import write_gguf

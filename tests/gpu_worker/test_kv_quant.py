@@ -13,7 +13,7 @@ from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
 from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
 from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
-from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.shared.model_config import ModelConfig
 from tests.gpu_worker.test_attention import _cpu_meta, _prefill_kernel_supported, make_step, steps
 
 # the kernels sum in float32 in another order than the reference; bf16 queries round the output

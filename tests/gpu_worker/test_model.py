@@ -14,9 +14,10 @@ import transformers
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 from pagedserve.services.gpu_worker.kv_pool import KVPool
-from pagedserve.services.gpu_worker.model.config import ModelConfig
 from pagedserve.services.gpu_worker.model.llama import LlamaForCausalLM, build_model
-from pagedserve.services.gpu_worker.model.weights import load_config, load_weights
+from pagedserve.services.gpu_worker.model.weights import load_weights
+from pagedserve.shared.model_config import ModelConfig
+from pagedserve.shared.model_reader import load_config
 from pagedserve.shared.model_source import SMOLLM2_GGUF_FILE, resolve_model
 from pagedserve.shared.tokenizer import Tokenizer, load_gguf_hf_tokenizer, load_tokenizer
 

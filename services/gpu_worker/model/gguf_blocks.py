@@ -8,14 +8,10 @@ import os
 import numpy as np
 import torch
 
-from pagedserve.services.gpu_worker.model.config import ModelConfig
-from pagedserve.services.gpu_worker.model.weights import (
-    _canonical_gguf_name,
-    find_gguf_in_dir,
-    open_gguf,
-    resolve_model,
-    unpermute_if_rope_rows,
-)
+from pagedserve.services.gpu_worker.model.weights import _canonical_gguf_name, unpermute_if_rope_rows
+from pagedserve.shared.model_config import ModelConfig
+from pagedserve.shared.model_reader import open_gguf
+from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
 
 BLOCK = 32  # weights per block, both types
 Q4_1_BLOCK_BYTES = 20

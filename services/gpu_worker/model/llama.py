@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from pagedserve.services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.config import ModelConfig
-from pagedserve.services.gpu_worker.model.families import FAMILIES
 from pagedserve.services.gpu_worker.model.linear import PackedLinear
 from pagedserve.services.gpu_worker.model.rotary_embedding import RotaryEmbedding
 from pagedserve.services.gpu_worker.model.screened_head import ScreenedHead
+from pagedserve.shared.model_config import ModelConfig
+from pagedserve.shared.model_families import FAMILIES
 
 FUSED_FAMILIES = {name for name, f in FAMILIES.items() if f.fused_projections}
 

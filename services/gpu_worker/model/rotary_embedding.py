@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from pagedserve.services.gpu_worker.model.config import ModelConfig
+from pagedserve.shared.model_config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

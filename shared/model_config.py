@@ -1,4 +1,4 @@
-"""The shape of a decoder of one of the families (families.py), from an HF config.json or a
+"""The shape of a decoder of one of the families (model_families.py), from an HF config.json or a
 GGUF header (same result)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.services.gpu_worker.model.families import family, gguf_family
+from pagedserve.shared.model_families import family, gguf_family
 
 # rope types the model implements; anything else is refused at load time, not silently wrong.
 # freq_factors: a GGUF's rope_freqs tensor (llama3 scaling precomputed: inv_freq / factors)
@@ -33,13 +33,13 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
-    architecture: str = "llama"  # the family (families.py)
+    architecture: str = "llama"  # the family (model_families.py)
     qkv_bias: bool = False  # q/k/v projections add a bias
     o_bias: bool = False  # the output projection adds a bias
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before rope
     partial_rotary_factor: float = 1.0  # rope turns the first rotary_dim dims of each head only
     hidden_act: str = "silu"  # the MLP's gate activation, one of HIDDEN_ACTS
-    # Gemma 2/3 (families.py's gemma switch); the defaults are every other family's
+    # Gemma 2/3 (model_families.py's gemma switch); the defaults are every other family's
     norm_offset: float = 0.0  # RMSNorms scale by (norm_offset + weight), in float32
     sandwich_norms: bool = False  # a norm after attention, and before and after the MLP
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden_size))
