@@ -25,6 +25,7 @@ GROUP = CONSUMER = "kvstore"
 STATS_INTERVAL_S = 0.25  # each write is a Redis round trip
 # a full check walks every block: run it every 10 s while busy, and once quiet (from the last change) for QUIET_S
 INTEGRITY_INTERVAL_S = 10.0
+WALK_SHARE = 0.01  # a walk over every block (integrity, block map) waits until it costs at most 1% of the time
 QUIET_S = 0.5
 LEASE_CHECK_S = 1.0
 HELLO_SCAN = 1000  # hellos read back at start (the worker keeps the stream this long)
@@ -49,6 +50,9 @@ class KvStoreLoop:
         self.redis_trouble_at = float("-inf")  # the last Redis error (leases are judged after a grace)
         self.stats_dirty = True
         self.last_block_map = 0.0
+        # busy-time walks: their base interval, stretched to cost / WALK_SHARE (a pool of many blocks)
+        self.integrity_interval_s = INTEGRITY_INTERVAL_S
+        self.block_map_interval_s = BLOCK_MAP_INTERVAL_S
         self.tier_lru_seq = 0  # the score of the tier's most recent use recorded in redis
 
     async def run(self, stop: asyncio.Event) -> int:
@@ -203,13 +207,15 @@ class KvStoreLoop:
             self.stats_dirty, self.last_change = True, time.monotonic()
 
     def _check_integrity(self) -> None:
-        self.last_integrity = time.monotonic()
+        started = time.monotonic()
         self.integrity_error = self.pools.check_integrity()
+        self.last_integrity = time.monotonic()
+        self.integrity_interval_s = max(INTEGRITY_INTERVAL_S, (self.last_integrity - started) / WALK_SHARE)
 
     def _integrity_due(self, now: float, idle: bool) -> bool:
         if self.check_every_step or self.last_change <= self.last_integrity:
             return False  # checked after every step, or nothing changed since the last check
-        return now - self.last_integrity >= INTEGRITY_INTERVAL_S or (idle and self._settled(now))
+        return now - self.last_integrity >= self.integrity_interval_s or (idle and self._settled(now))
 
     def _settled(self, now: float) -> bool:
         """Quiet for QUIET_S and no block held: while requests hold blocks another step is coming."""
@@ -224,7 +230,7 @@ class KvStoreLoop:
         if self.stats_dirty:
             deadlines.append(self.last_stats + STATS_INTERVAL_S)
         if not self.check_every_step and self.last_change > self.last_integrity:
-            deadlines.append(self.last_integrity + INTEGRITY_INTERVAL_S)
+            deadlines.append(self.last_integrity + self.integrity_interval_s)
             if self.pools.num_held_blocks == 0:
                 deadlines.append(self.last_change + QUIET_S)
         return max(1, round((min(deadlines) - now) * 1000))
@@ -241,10 +247,12 @@ class KvStoreLoop:
                      incarnation=self.incarnation,
                      step_id=self.last_step_id, worker_ids=sorted(self.pools.pools))
         await redis_io.write_stats(self.r, self.keys, "kvstore", stats)
-        map_due = now - self.last_block_map >= BLOCK_MAP_INTERVAL_S
+        map_due = now - self.last_block_map >= self.block_map_interval_s
         if map_due:
             managers = {worker_id: pool.manager for worker_id, pool in self.pools.pools.items()}
-            await redis_io.write_stats(self.r, self.keys, "block_map", block_map(managers))
+            blob = block_map(managers)
+            self.block_map_interval_s = max(BLOCK_MAP_INTERVAL_S, (time.monotonic() - now) / WALK_SHARE)
+            await redis_io.write_stats(self.r, self.keys, "block_map", blob)
             self.last_block_map = now
         self.last_stats, self.stats_dirty = now, not idle or not map_due  # a map not due yet: come back
 

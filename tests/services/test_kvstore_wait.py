@@ -49,3 +49,22 @@ def test_no_quiet_check_while_requests_hold_blocks(kv):
     assert kv._block_ms() > 1000 * kv_loop.QUIET_S  # only the 10 s check or the 1 s read bound
     kv.pools = SimpleNamespace(num_held_blocks=0, pools={})  # all freed: the burst is over
     assert kv._integrity_due(now, idle=True)
+
+
+def test_a_slow_busy_time_check_waits_longer_for_the_next(kv, monkeypatch):
+    """A walk over a huge pool costs at most WALK_SHARE of the time while busy."""
+    clock = [100.0]
+    monkeypatch.setattr(kv_loop.time, "monotonic", lambda: clock[0])
+
+    def slow_check():
+        clock[0] += 0.5  # the walk takes half a second
+        return None
+
+    kv.pools = SimpleNamespace(check_integrity=slow_check, num_held_blocks=12, pools={})
+    kv._check_integrity()
+    assert kv.integrity_interval_s == 0.5 / kv_loop.WALK_SHARE
+    kv.last_change = clock[0] + 1  # busy: a step changed the pool since
+    clock[0] += kv_loop.INTEGRITY_INTERVAL_S + 1
+    assert not kv._integrity_due(clock[0], idle=False)
+    clock[0] = kv.last_integrity + 0.5 / kv_loop.WALK_SHARE
+    assert kv._integrity_due(clock[0], idle=False)
