@@ -3,10 +3,10 @@
 Teacher-forced: held-out text (stdlib docstrings, not the model's chat data) cut at --positions
 positions, one prefill per KV storage, logits at every position: top-1 agreement with the model's
 own dtype and the mean |difference| of that top-1 token's logprob. Storages: auto (the model's
-dtype), int8 (the real pool), and the two scale granularities simulated in the model's dtype
-(quantize then dequantize on write): per token and head (what int8 stores) and per block and head
-with the block's max known in advance (an upper bound for per-block scales, which in a real pool
-must be fixed before the block fills). Then --prompts prompts x --tokens greedy tokens: where
+dtype), int8 (the real pool), and, simulated in a wider pool (quantize then dequantize on write,
+read by the same SDPA path): no quantization (the floor of a different summation order), int8 in
+groups of 32 (what the pool stores) and int8 with one scale per row (token and head: coarser,
+the format before groups). Then --prompts prompts x --tokens greedy tokens: where
 int8 and auto outputs first diverge."""
 
 from __future__ import annotations
@@ -29,29 +29,24 @@ HELD_OUT_MODULES = ("textwrap", "difflib", "heapq", "bisect", "fractions", "stat
 
 
 class FakeQuantBackend:
-    """Wraps a backend: K/V rows are quantized to int8 and back (per_block None: not at all) before
-    they are stored in a pool wider than the model's dtype, which the attention reads in the model's dtype."""
+    """Wraps a backend: K/V rows are quantized to int8 and back (per_row None: not at all; True: one
+    bf16 scale per row; False: kv_quant's groups) before they are stored in a pool wider than the
+    model's dtype, which the attention reads in the model's dtype."""
 
-    def __init__(self, inner, per_block: bool | None, block_size: int):
-        self.inner, self.per_block, self.block_size, self.name = inner, per_block, block_size, inner.name
+    def __init__(self, inner, per_row: bool | None):
+        self.inner, self.per_row, self.name = inner, per_row, inner.name
 
-    def _round_trip(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        if self.per_block is None:
+    def _round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        if self.per_row is None:
             return x
-        if not self.per_block:
+        if not self.per_row:
             return kv_quant.dequantize(kv_quant.quantize(x), x.dtype)
         xf = x.float()
-        block = slots // self.block_size
-        out = torch.empty_like(xf)
-        for b in block.unique():
-            rows = block == b
-            scale = (xf[rows].abs().amax(dim=(0, 2), keepdim=True) / kv_quant.QMAX).clamp_min(1e-30)
-            out[rows] = torch.round(xf[rows] / scale).clamp(-kv_quant.QMAX, kv_quant.QMAX) * scale
-        return out.to(x.dtype)
+        scale = (xf.abs().amax(-1, keepdim=True) / kv_quant.QMAX).clamp_min(1e-30).to(torch.bfloat16).float()
+        return (torch.round(xf / scale).clamp(-kv_quant.QMAX, kv_quant.QMAX) * scale).to(x.dtype)
 
     def write_kv(self, key, value, kv_cache, meta):
-        s = meta.slot_mapping
-        self.inner.write_kv(self._round_trip(key, s), self._round_trip(value, s), kv_cache, meta)
+        self.inner.write_kv(self._round_trip(key), self._round_trip(value), kv_cache, meta)
 
     def attend(self, query, kv_cache, meta, scale):
         return self.inner.attend(query, kv_cache, meta, scale)
@@ -68,7 +63,7 @@ def held_out_tokens(model: str, positions: int) -> list[list[int]]:
     return chunks
 
 
-def logprobs(worker: Worker, token_ids: list[int], per_block: bool | None = False, simulate: bool = False):
+def logprobs(worker: Worker, token_ids: list[int], per_row: bool | None = False, simulate: bool = False):
     """float32 [n, vocab] log-softmax at every position of one prefill (simulate: FakeQuantBackend)."""
     n, bs = len(token_ids), worker.block_size
     meta = AttentionMetadata.build([n], [n], [list(range((n + bs - 1) // bs))], bs)
@@ -76,7 +71,7 @@ def logprobs(worker: Worker, token_ids: list[int], per_block: bool | None = Fals
     if simulate:  # a wider pool than the model's dtype: the fused rope+write kernel (same dtype only) stands aside
         wide = torch.float64 if worker.dtype == torch.float32 else torch.float32
         caches = [torch.zeros(c.shape, dtype=wide) for c in caches]
-        backend = FakeQuantBackend(backend, per_block, bs)
+        backend = FakeQuantBackend(backend, per_row)
     hidden = worker.model(torch.tensor(token_ids), AttentionMetadata.positions(meta), caches, meta, backend)
     return torch.log_softmax(worker.model.compute_logits(hidden), dim=-1)
 
@@ -86,8 +81,8 @@ def teacher_forced(args) -> dict:
     int8 = Worker(EngineConfig(model=args.model, dtype=args.dtype, num_blocks=64, kv_cache_dtype="int8"))
     modes = {"int8": lambda ids: logprobs(int8, ids),
              "sim-unquantized": lambda ids: logprobs(auto, ids, None, simulate=True),
-             "sim-token-head": lambda ids: logprobs(auto, ids, False, simulate=True),
-             "sim-block-head": lambda ids: logprobs(auto, ids, True, simulate=True)}
+             "sim-int8-groups": lambda ids: logprobs(auto, ids, False, simulate=True),
+             "sim-int8-per-row": lambda ids: logprobs(auto, ids, True, simulate=True)}
     agree = {m: 0 for m in modes}
     dlogp = {m: 0.0 for m in modes}
     total = 0

@@ -11,7 +11,7 @@
 // Shapes (contiguous; query and out float32 or bfloat16, kv_cache the same or int8):
 //   query, out   [T, H, D]             T flat tokens of the step; rows token_idx[r] are decodes
 //                                      (query's rows may be strided: a view of the fused qkv)
-//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V; int8: [.., D + 2], each row's bf16 scale
+//   kv_cache     [2, NB, BS, Hkv, D]   index 0 K, 1 V; int8: [.., D + S], each row's group scales
 //                                      after its values (kv_quant.py, KvRow), dequantized here
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
@@ -189,7 +189,8 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   const int64_t G = H / Hkv;
   const int64_t max_blocks = block_tables.size(1);
-  const int64_t W = KvRow<kv_t>::width(D);  // a pool row: D, or D + 2 for int8
+  const int64_t W = KvRow<kv_t>::width(D);  // a pool row: D, or D + packed scales for int8
+  const int64_t GS = KvRow<kv_t>::group(D);  // values per scale
   const int64_t token_stride = Hkv * W;  // between consecutive tokens of one block
   const scalar_t* q = query.data_ptr<scalar_t>();
   scalar_t* o = out.data_ptr<scalar_t>();
@@ -232,13 +233,16 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
         const kv_t* v_block = v_pool + block * BS * token_stride + kv_head * W;
         for (int64_t t = 0; t < num_tokens; ++t) {
           const kv_t* kt = k_block + t * token_stride;
-          const float k_scale = KvRow<kv_t>::scale(kt, D);
           for (int64_t g = 0; g < G; ++g) {
             const float* qg = qf.data() + g * D;
             float s = 0.f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < D; ++d) s += qg[d] * widen(kt[d]);
-            p[g * BS + t] = s * k_scale;
+            for (int64_t d0 = 0; d0 < D; d0 += GS) {  // per scale group (unquantized: one)
+              float part = 0.f;
+#pragma omp simd reduction(+ : part)
+              for (int64_t d = d0; d < d0 + GS; ++d) part += qg[d] * widen(kt[d]);
+              s += part * KvRow<kv_t>::scale(kt, D, d0 / GS);
+            }
+            p[g * BS + t] = s;
           }
         }
         for (int64_t g = 0; g < G; ++g) {
@@ -249,12 +253,13 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
         }
         for (int64_t t = 0; t < num_tokens; ++t) {
           const kv_t* vt = v_block + t * token_stride;
-          const float v_scale = KvRow<kv_t>::scale(vt, D);
           for (int64_t g = 0; g < G; ++g) {
-            const float weight = p[g * BS + t] * v_scale;
             float* ag = acc.data() + g * D;
+            for (int64_t d0 = 0; d0 < D; d0 += GS) {
+              const float weight = p[g * BS + t] * KvRow<kv_t>::scale(vt, D, d0 / GS);
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += weight * widen(vt[d]);
+              for (int64_t d = d0; d < d0 + GS; ++d) ag[d] += weight * widen(vt[d]);
+            }
           }
         }
       }
@@ -277,8 +282,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   TORCH_CHECK((dtype == kv_cache.scalar_type() || int8_kv) && dtype == out.scalar_type() &&
                   (dtype == torch::kFloat32 || dtype == torch::kBFloat16),
               "paged_decode_attention: query and out float32 or bfloat16, kv_cache the same or int8");
-  TORCH_CHECK(kv_cache.size(4) == (int8_kv ? query.size(2) + 2 : query.size(2)),
-              "paged_decode_attention: kv_cache rows must be head_dim wide (int8: head_dim + 2)");
+  TORCH_CHECK(kv_cache.size(4) == (int8_kv ? KvRow<int8_t>::width(query.size(2)) : query.size(2)),
+              "paged_decode_attention: kv_cache rows must be head_dim wide (int8: and the packed scales)");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous() &&
                   kv_cache.is_contiguous() && block_tables.is_contiguous(),
               "paged_decode_attention: contiguous tensors only (query: rows may be strided)");

@@ -82,9 +82,9 @@ struct Vec8 {
 // DV vectors per row, G query heads per KV head, both compile-time so that a group's query
 // rows and output accumulators (G * DV vectors each) stay in registers for a block (with 16
 // lanes; with 8 some spill to L1).
-// kv_t: the pool's storage, scalar_t or int8_t (KvRow: D values then the row's scale); an int8
-// row's scale multiplies its score after the dot product (kLanes scores at once) and its softmax
-// weight before the PV FMAs, so dequantizing costs two multiplies per token, not one per element.
+// kv_t: the pool's storage, scalar_t or int8_t (KvRow: D values then their group scales); an
+// int8 vector is widened and multiplied by its group's scale in registers, one multiply per
+// vector, and the pool is read at half bf16's bytes.
 template <typename V, typename scalar_t, typename kv_t, int DV, int G>
 void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t* v_pool,
                  const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
@@ -97,11 +97,18 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
   // next block is prefetched while this one is computed: a request's blocks lie anywhere in
   // the pool, which the hardware prefetcher cannot guess), then per KV head the group's
   // scores, the online-softmax update and the PV sum with the accumulators in registers.
+  // vector i of a row, widened to float32 (int8: times its group's scale; D % 32 == 0 here, so a
+  // group of 32 is whole vectors)
+  const auto dequantized = [](const kv_t* row, int i) {
+    const typename V::T x = V::load(row + V::kLanes * i);
+    if constexpr (KvRow<kv_t>::kQuantized) return V::mul(x, V::set1(KvRow<kv_t>::scale(row, D, i * V::kLanes / 32)));
+    return x;
+  };
   WorkQueue queue(lens, num_reqs, BS);
   Partials partials(queue.num_parts(), H, D);
   on_every_thread([&] {
     // qf [H, D] scaled query rows; acc [H, D]; p [G, BS] one group's scores, then weights
-    std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H), v_scale(BS);
+    std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H);
     for (WorkItem item; queue.next(item);) {
       const int64_t r = item.r;
       const scalar_t* q_rows = q + rows[r] * q_stride;
@@ -135,17 +142,14 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
             for (int64_t t0 = 0; t0 < num_tokens; t0 += V::kLanes) {
               const int64_t n = std::min<int64_t>(V::kLanes, num_tokens - t0);
               typename V::T part[GB][V::kLanes];  // per head, token t0 + j's products in part[g][j]
-              alignas(64) float k_scale[V::kLanes];
               for (int64_t j = 0; j < V::kLanes; ++j) {
                 if (j >= n) {
                   for (int g = 0; g < GB; ++g) part[g][j] = V::set1(0.f);
-                  k_scale[j] = 0.f;
                   continue;
                 }
                 const kv_t* k_row = k_block + (t0 + j) * token_stride + kv_head * KvRow<kv_t>::width(D);
                 typename V::T kt[DV];
-                for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
-                k_scale[j] = KvRow<kv_t>::scale(k_row, D);
+                for (int i = 0; i < DV; ++i) kt[i] = dequantized(k_row, i);
                 for (int g = 0; g < GB; ++g) {
                   typename V::T s = V::mul(qv[g][0], kt[0]);
                   for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
@@ -153,10 +157,8 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
                 }
               }
               for (int g = 0; g < GB; ++g) {
-                typename V::T s = V::sum_lanes(part[g]);
-                if constexpr (KvRow<kv_t>::kQuantized) s = V::mul(s, V::load(k_scale));
                 alignas(64) float sums[V::kLanes];
-                V::store(sums, s);
+                V::store(sums, V::sum_lanes(part[g]));
                 std::copy(sums, sums + n, p.data() + (g0 + g) * BS + t0);
               }
             }
@@ -164,9 +166,6 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
           float correction[G];
           for (int g = 0; g < G; ++g)
             correction[g] = softmax_block(p.data() + g * BS, num_tokens, m[h0 + g], l[h0 + g]);
-          if constexpr (KvRow<kv_t>::kQuantized)
-            for (int64_t t = 0; t < num_tokens; ++t)
-              v_scale[t] = KvRow<kv_t>::scale(v_block + t * token_stride + kv_head * KvRow<kv_t>::width(D), D);
           for (int g0 = 0; g0 < G; g0 += GB) {
             typename V::T a[GB][DV];
             for (int g = 0; g < GB; ++g) {
@@ -177,10 +176,9 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
             for (int64_t t = 0; t < num_tokens; ++t) {
               const kv_t* v_row = v_block + t * token_stride + kv_head * KvRow<kv_t>::width(D);
               typename V::T vt[DV];
-              for (int i = 0; i < DV; ++i) vt[i] = V::load(v_row + V::kLanes * i);
+              for (int i = 0; i < DV; ++i) vt[i] = dequantized(v_row, i);
               for (int g = 0; g < GB; ++g) {
-                const float weight = p[(g0 + g) * BS + t];
-                const typename V::T w = V::set1(KvRow<kv_t>::kQuantized ? weight * v_scale[t] : weight);
+                const typename V::T w = V::set1(p[(g0 + g) * BS + t]);
                 for (int i = 0; i < DV; ++i) a[g][i] = V::fmadd(w, vt[i], a[g][i]);
               }
             }

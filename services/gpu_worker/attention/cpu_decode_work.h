@@ -31,23 +31,29 @@ inline float widen(int8_t x) { return static_cast<float>(x); }
 template <typename T>
 inline T narrow(float x) { return static_cast<T>(x); }  // BFloat16: round to nearest even
 
-// A pool row of one (token, KV head): D values of kv_t; an int8 row (kv_quant.py) holds its
-// bfloat16 scale in the 2 bytes after the values. scale() is 1 for unquantized rows.
+// A pool row of one (token, KV head): D values of kv_t. An int8 row (kv_quant.py) is quantized
+// in groups of group(D) values (32 where D allows), each group's scale 12 bits (float32's bits
+// 19-30), two packed in 3 bytes after the values. Unquantized rows: one group, scale 1.
 template <typename kv_t>
 struct KvRow {
   static constexpr bool kQuantized = false;
+  static constexpr int64_t group(int64_t D) { return D; }
   static constexpr int64_t width(int64_t D) { return D; }
-  static float scale(const kv_t*, int64_t) { return 1.f; }
+  static float scale(const kv_t*, int64_t, int64_t) { return 1.f; }
 };
 
 template <>
 struct KvRow<int8_t> {
   static constexpr bool kQuantized = true;
-  static constexpr int64_t width(int64_t D) { return D + 2; }
-  static float scale(const int8_t* row, int64_t D) {
-    c10::BFloat16 s;
-    std::memcpy(&s.x, row + D, sizeof s.x);
-    return widen(s);
+  static constexpr int64_t group(int64_t D) { return D % 32 == 0 ? 32 : D; }
+  static constexpr int64_t width(int64_t D) { return D + 3 * ((D / group(D) + 1) / 2); }
+  static float scale(const int8_t* row, int64_t D, int64_t g) {  // group g's scale
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(row + D) + 3 * (g / 2);
+    const uint32_t pair = uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16);
+    const uint32_t bits = (g % 2 ? pair >> 12 : pair & 0xFFFu) << 19;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
   }
 };
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedserve.services.gpu_worker.attention.kv_quant import is_quantized
+from pagedserve.services.gpu_worker.attention.kv_quant import group_size, is_quantized
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 _LOG2_E = 1.4426950408889634
@@ -18,40 +18,63 @@ ROWS_PER_TILE = 64  # target rows (token x group head) of a prefill tile
 BLOCK_N = 32  # keys per inner step
 
 
-# --- int8 rows (kv_quant.py): D int8 values, then the bf16 scale's two bytes, little-endian ---
+# --- int8 rows (kv_quant.py): D int8 values in groups of GS, then the groups' 12-bit scales
+# (float32 bits 19-30), a pair per 3 little-endian bytes: bits 0-11 the even group's ---
 _ROUND = 12582912.0  # 1.5 * 2**23: (x + _ROUND) - _ROUND rounds a float32 |x| < 2**22 half to even
 
 
 @triton.jit
-def _store_quantized(C, row, x, h_ok, d, HEAD_DIM: tl.constexpr):
-    """x float32 [H_PAD, D_PAD] -> int8 rows at C + row [H_PAD], as kv_quant.quantize (bit-exact)."""
-    d_ok = d < HEAD_DIM
-    absmax = tl.max(tl.where(h_ok[:, None] & d_ok, tl.abs(x), 0.0), 1)
-    scale = tl.maximum(tl.math.div_rn(absmax, tl.full(absmax.shape, 127.0, tl.float32)), 1e-30)
-    # to bfloat16 rounding to nearest even, in integers (the interpreter's cast truncates)
-    f32_bits = scale.to(tl.int32, bitcast=True)
-    bits = (f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16  # scale > 0: no sign, no overflow
-    s32 = (bits << 16).to(tl.float32, bitcast=True)
-    q = tl.math.div_rn(x, tl.broadcast_to(s32[:, None], x.shape))
-    q = tl.minimum(tl.maximum((q + _ROUND) - _ROUND, -127.0), 127.0)
-    tl.store(C + row[:, None] + d, q.to(tl.int8), mask=h_ok[:, None] & d_ok)
-    tl.store(C + row + HEAD_DIM, (bits & 0xFF).to(tl.int8), mask=h_ok)
-    tl.store(C + row + HEAD_DIM + 1, ((bits >> 8) & 0xFF).to(tl.int8), mask=h_ok)
+def _group_bits(x, ok, d, g: tl.constexpr, GS: tl.constexpr):
+    """12-bit scale of group g of the rows x [H_PAD, D_PAD]: max|x| / 127 rounded up, at least 16."""
+    in_g = ok & (d >= g * GS) & (d < (g + 1) * GS)
+    absmax = tl.max(tl.where(in_g, tl.abs(x), 0.0), 1)
+    f32_bits = tl.math.div_rn(absmax, tl.full(absmax.shape, 127.0, tl.float32)).to(tl.int32, bitcast=True)
+    return tl.maximum((f32_bits + 0x7FFFF) >> 19, 16)
 
 
 @triton.jit
-def _row_scales(C, at, ok, HEAD_DIM: tl.constexpr):
-    """float32 scales of the int8 rows at C + at."""
-    lo = tl.load(C + at + HEAD_DIM, mask=ok, other=0).to(tl.int32) & 0xFF
-    hi = tl.load(C + at + HEAD_DIM + 1, mask=ok, other=0).to(tl.int32) & 0xFF
-    return ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)
+def _store_quantized(C, row, x, h_ok, d, HEAD_DIM: tl.constexpr, GS: tl.constexpr):
+    """x float32 [H_PAD, D_PAD] -> int8 rows at C + row [H_PAD], as kv_quant.quantize (bit-exact)."""
+    ok = h_ok[:, None] & (d < HEAD_DIM)
+    scale = tl.full(x.shape, 1.0, tl.float32)
+    for pair in tl.static_range((HEAD_DIM // GS + 1) // 2):
+        lo = _group_bits(x, ok, d, 2 * pair, GS)
+        scale = tl.where((d >= 2 * pair * GS) & (d < (2 * pair + 1) * GS),
+                         (lo << 19).to(tl.float32, bitcast=True)[:, None], scale)
+        hi = tl.zeros_like(lo)
+        if 2 * pair + 1 < HEAD_DIM // GS:
+            hi = _group_bits(x, ok, d, 2 * pair + 1, GS)
+            scale = tl.where((d >= (2 * pair + 1) * GS) & (d < (2 * pair + 2) * GS),
+                             (hi << 19).to(tl.float32, bitcast=True)[:, None], scale)
+        packed = lo | (hi << 12)
+        at = C + row + HEAD_DIM + 3 * pair
+        tl.store(at, (packed & 0xFF).to(tl.int8), mask=h_ok)
+        tl.store(at + 1, ((packed >> 8) & 0xFF).to(tl.int8), mask=h_ok)
+        tl.store(at + 2, ((packed >> 16) & 0xFF).to(tl.int8), mask=h_ok)
+    q = tl.math.div_rn(x, scale)
+    q = tl.minimum(tl.maximum((q + _ROUND) - _ROUND, -127.0), 127.0)
+    tl.store(C + row[:, None] + d, q.to(tl.int8), mask=ok)
+
+
+@triton.jit
+def _row_scales(C, at, ok, d, HEAD_DIM: tl.constexpr, GS: tl.constexpr):
+    """float32 [BLOCK_N, D_PAD]: each element's group scale, of the int8 rows at C + at [BLOCK_N]."""
+    g = d // GS  # [1, D_PAD]
+    byte = C + at[:, None] + HEAD_DIM + 3 * (g // 2)
+    okd = ok[:, None] & (d < HEAD_DIM)
+    b0 = tl.load(byte, mask=okd, other=0).to(tl.int32) & 0xFF
+    b1 = tl.load(byte + 1, mask=okd, other=0).to(tl.int32) & 0xFF
+    b2 = tl.load(byte + 2, mask=okd, other=0).to(tl.int32) & 0xFF
+    packed = b0 | (b1 << 8) | (b2 << 16)
+    bits = tl.where(g % 2 == 1, packed >> 12, packed & 0xFFF)
+    return (bits << 19).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _reshape_and_cache(K, V, KC, VC, slots, stride_kt, stride_kh, stride_vt, stride_vh,
                        stride_cb, stride_cs, stride_ch, NUM_KV_HEADS: tl.constexpr,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, H_PAD: tl.constexpr,
-                       D_PAD: tl.constexpr, QUANT: tl.constexpr):
+                       D_PAD: tl.constexpr, QUANT: tl.constexpr, GS: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots + t).to(tl.int64)
     h = tl.arange(0, H_PAD)[:, None]
@@ -62,8 +85,8 @@ def _reshape_and_cache(K, V, KC, VC, slots, stride_kt, stride_kh, stride_vt, str
     k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok)
     v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok)
     if QUANT:
-        _store_quantized(KC, row, k.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM)
-        _store_quantized(VC, row, v.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM)
+        _store_quantized(KC, row, k.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM, GS)
+        _store_quantized(VC, row, v.to(tl.float32), heads < NUM_KV_HEADS, d, HEAD_DIM, GS)
     else:
         tl.store(KC + row[:, None] + d, k.to(KC.dtype.element_ty), mask=ok)
         tl.store(VC + row[:, None] + d, v.to(VC.dtype.element_ty), mask=ok)
@@ -74,7 +97,8 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
                      qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs,
                      stride_ch, stride_bt, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr,
+                     GS: tl.constexpr):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq + tile)
@@ -111,8 +135,8 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
         k = tl.load(KC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)  # [BLOCK_N, D_PAD]
         v = tl.load(VC + at[:, None] + d[None, :], mask=kv_ok, other=0.0)
         if QUANT:  # int8 rows: dequantized here, in the query's dtype for the dots
-            k = (k.to(tl.float32) * _row_scales(KC, at, n_ok, HEAD_DIM)[:, None]).to(q.dtype)
-            v = (v.to(tl.float32) * _row_scales(VC, at, n_ok, HEAD_DIM)[:, None]).to(q.dtype)
+            k = (k.to(tl.float32) * _row_scales(KC, at, n_ok, d[None, :], HEAD_DIM, GS)).to(q.dtype)
+            v = (v.to(tl.float32) * _row_scales(VC, at, n_ok, d[None, :], HEAD_DIM, GS)).to(q.dtype)
         elif UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -190,7 +214,7 @@ class TritonPagedBackend:
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
             H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
-            QUANT=is_quantized(kv_cache))
+            QUANT=is_quantized(kv_cache), GS=group_size(head_dim))
 
     def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         _check_device(kv_cache)
@@ -212,5 +236,6 @@ class TritonPagedBackend:
                 GROUP=group, BLOCK_Q=launch.block_q,
                 BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), BLOCK_N=BLOCK_N,
                 BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
-                UPCAST=INTERPRETED and query.dtype == torch.bfloat16, QUANT=is_quantized(kv_cache))
+                UPCAST=INTERPRETED and query.dtype == torch.bfloat16, QUANT=is_quantized(kv_cache),
+                GS=group_size(head_dim))
         return out

@@ -1,0 +1,64 @@
+"""The C++ decode kernel built for older CPUs than this one: -march=haswell (AVX2 + FMA: the Vec8
+walk, as on Zen 3) and -march=x86-64 (no vector walk: the portable loop), each against the float32
+reference for float32, bf16 and int8 pools. -march=native builds only this CPU's path, so without
+these builds a change could break the others unseen."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
+from tests.gpu_worker.test_attention import check_against_reference, make_step
+from tests.gpu_worker.test_kv_quant import check_int8_against_reference, int8_step
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
+
+
+ARCHES = {"haswell": {"avx2", "fma"}, "x86-64": {"sse2"}}
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not cpu_extensions.enabled() or not _cpu_flags(), reason="an x86 CPU and a compiler")]
+
+
+@functools.cache
+def _build(arch: str):
+    from torch.utils import cpp_extension
+
+    flags = ["-O3", f"-march={arch}", "-fopenmp", "-ffast-math", f"-DPAGEDSERVE_CPU={cpu_extensions.cpu_digest()}",
+             *cpu_extensions.compile_flags("decode")[4:5]]  # the headers' hash: rebuilt when they change
+    name = f"pagedserve_cpu_decode_{arch.replace('-', '_')}"
+    return cpp_extension.load(name=name, sources=[str(cpu_extensions.SOURCES["decode"])], extra_cflags=flags,
+                              extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _backend(arch: str) -> TorchPagedBackend:
+    backend = TorchPagedBackend(use_kernel=True)
+    backend._kernel, backend._prefill_kernel = _build(arch), None  # decodes on the older build only
+    return backend
+
+
+REQUESTS = [(1, 1), (1, 15), (1, 16), (1, 17), (1, 40), (1, 211)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHES))
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (16, 128, 2), (24, 32, 1), (32, 64, 8)])
+def test_older_cpu_builds_decode_every_pool_dtype_as_the_reference(arch, block_size, head_dim, group):
+    if not ARCHES[arch] <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run a -march={arch} build")
+    shape = dict(requests=REQUESTS, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                 seed=block_size + head_dim + group)
+    for dtype in (torch.float32, torch.bfloat16):
+        backend = _backend(arch)
+        check_against_reference(backend, *make_step(dtype=dtype, **shape))
+        assert backend._plan.kernel_decodes is not None and backend._plan.decodes == []
+        check_int8_against_reference(_backend(arch), *int8_step(dtype=dtype, **shape))
