@@ -33,6 +33,11 @@ class Output:
     seq: int = 0  # the record event it was written as: the client's resume cursor
     error: str | None = None  # why, for finish_reason "error"
 
+    def followed_by(self, later: Output) -> Output:
+        """This output and the next of the same sequence as one."""
+        return Output(self.text + later.text, self.token_ids + later.token_ids, self.logprobs + later.logprobs,
+                      later.finish_reason, later.seq, later.error)
+
 
 class Generation:
     def __init__(self, request: ApiRequest, index: int, sequence_id: str, api_id: str, tokenizer,
@@ -86,14 +91,19 @@ class Generation:
                              output_token_ids=list(self.token_ids))
 
     async def next(self) -> Output | None:
-        """The next output, or None once finished."""
+        """The next output, or None once finished. Outputs queued meanwhile come merged into one: a
+        reader that fell behind catches up in one write (as vLLM's output collector merges deltas)."""
         if self.outputs is None:
             return None
         if not self.outputs.empty():  # the common case while streaming: no task
-            return self.outputs.get_nowait()
-        if self.finished:
+            out = self.outputs.get_nowait()
+        elif self.finished:
             return None
-        return await self.outputs.get()
+        else:
+            out = await self.outputs.get()
+        while out.finish_reason is None and not self.outputs.empty():
+            out = out.followed_by(self.outputs.get_nowait())
+        return out
 
     def replay(self, token_ids: list[int]) -> None:
         """An adopted sequence: feed the tokens of one recorded event, as they came then."""

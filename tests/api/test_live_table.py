@@ -118,3 +118,17 @@ def test_the_table_remembers_a_bounded_number_of_ended_sequences():
     for s in ("a", "b", "c"):
         table.forget(s)
     assert [table.knows(s) for s in ("a", "b", "c")] == [False, True, True]
+
+
+def test_outputs_a_reader_has_not_taken_come_merged():
+    table, request = LiveTable(), opened()
+    table.add(request)
+    gen, ids = request.gens[0], tokens()[:5]
+    for step, (new, total) in enumerate(((ids[:2], 2), (ids[2:3], 3), (ids[3:5], 5)), start=1):
+        for g, out in table.apply(DeltaBatch(step, [delta("cmpl-a", new, total, "length" if total == 5 else None)]))[0]:
+            out.seq = step
+            g.outputs.put_nowait(out)
+    run = asyncio.get_event_loop().run_until_complete
+    out = run(gen.next())
+    assert (out.token_ids, out.text, out.finish_reason, out.seq) == (ids, gen.text, "length", 3)
+    assert run(gen.next()) is None
