@@ -88,3 +88,16 @@ def test_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, name):
     outputs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outputs] == [hf_greedy(hf_model, p, MAX_NEW_TOKENS) for p in prompts]
     engine.block_manager.check_integrity()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K_M", "Q5_K"])
+def test_k_quant_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, type_name):
+    """gguf cannot write K-quants: the file holds random K blocks and transformers their values."""
+    hf_model = hf_checkpoint("llama3", hidden_size=256, intermediate_size=512, head_dim=64)  # 256-weight blocks
+    path = tmp_path / f"llama3-{type_name}.gguf"
+    hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
+    prompts = _prompts()
+    engine = _engine(str(path))
+    outputs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == [hf_greedy(hf_model, p, MAX_NEW_TOKENS) for p in prompts]
+    engine.block_manager.check_integrity()

@@ -20,6 +20,38 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
            "lm_head.weight": "output.weight"}
 
 
+# byte offsets of each block's fp16 scales (ggml-common.h): set finite, the rest stays random
+_FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82),
+                "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0, scale: float = 0.05) -> np.ndarray:
+    """Random raw tensor data of the type, uint8 [rows, bytes per row], every fp16 scale finite, below scale."""
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if type_name in ("F16", "BF16"):
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        return gguf.quants.quantize(values, qtype).view(np.uint8)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, block_bytes), dtype=np.uint8)
+    for offset in _FP16_FIELDS[type_name]:
+        scales = (rng.random((rows, cols // block)) * scale).astype(np.float16)
+        raw[..., offset:offset + 2] = scales[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # gguf's Python dequantizes these, cannot quantize
+# the largest fp16 scale of each K type's random blocks that a model uses: weights within about +-0.6
+_K_SCALES = {"Q2_K": 0.01, "Q3_K": 0.005, "Q4_K": 0.0005, "Q5_K": 0.0003, "Q6_K": 0.0001}
+
+
+def _tensor_type(type_name: str, hf_name: str) -> str:
+    """Q4_K_M mixes as llama.cpp's does, in short: Q6_K for the output, attn_v and ffn_down, else Q4_K."""
+    if type_name != "Q4_K_M":
+        return type_name
+    return "Q6_K" if hf_name.endswith(("lm_head.weight", "v_proj.weight", "down_proj.weight")) else "Q4_K"
+
+
 def _gguf_name(hf_name: str) -> str:
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
@@ -75,7 +107,6 @@ def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token
     chat template if given); returns the HF-named float32 state it holds."""
     cfg = hf_model.config
     arch = _ARCH[cfg.model_type]
-    qtype = gguf.GGMLQuantizationType[type_name]
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -103,7 +134,11 @@ def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         data = tensor.float().numpy()
-        if data.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        qtype = gguf.GGMLQuantizationType[_tensor_type(type_name, name)]
+        if data.ndim == 2 and qtype.name in K_QUANTS:  # random blocks stand in for the checkpoint's values
+            data = random_blocks(qtype.name, *data.shape, seed=len(held), scale=_K_SCALES[qtype.name])
+            held[name] = torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32))
+        elif data.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(data, qtype)
             held[name] = torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32))
         else:

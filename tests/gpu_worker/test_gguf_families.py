@@ -16,10 +16,11 @@ from pagedserve.services.gpu_worker.model.weights import dequantize_tensor
 from pagedserve.shared.model_reader import GGUF_TYPES, load_config, open_gguf
 from pagedserve.shared.tokenizer import load_tokenizer
 from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint, save_servable
-from tests.gpu_worker.family_gguf import write_gguf
+from tests.gpu_worker.family_gguf import K_QUANTS, random_blocks, write_gguf
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
 
 WRITABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0")  # the types gguf's Python quantizes
+K_SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant rows are 256-weight blocks
 
 
 @pytest.mark.parametrize("type_name", WRITABLE)
@@ -41,26 +42,6 @@ def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type
     logits = model.compute_logits(run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches,
                                            [(prompt, 0, BLOCK_TABLE)]))
     assert (logits - expected).abs().max() < 1e-4
-
-
-# byte offsets of each block's fp16 scales (ggml-common.h): set finite, the rest stays random
-_FP16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82),
-                "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random raw tensor data of the type, uint8 [rows, bytes per row], every scale finite."""
-    rng = np.random.default_rng(seed)
-    qtype = gguf.GGMLQuantizationType[type_name]
-    if type_name in ("F16", "BF16"):
-        values = rng.standard_normal((rows, cols)).astype(np.float32)
-        return gguf.quants.quantize(values, qtype).view(np.uint8)
-    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows, cols // block, block_bytes), dtype=np.uint8)
-    for offset in _FP16_FIELDS[type_name]:
-        scales = (rng.random((rows, cols // block)) * 0.05).astype(np.float16)
-        raw[..., offset:offset + 2] = scales[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 def _write_one_tensor(path, type_name: str, raw: np.ndarray) -> None:
@@ -123,3 +104,22 @@ def test_a_gguf_serves_its_own_tokenizer_template_and_eot(tmp_path, monkeypatch)
         assert tokenizer.apply_chat_template(messages) == expected
         assert tokenizer.encode(text) == hf_tokenizer.encode(text)
         assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("type_name", [*K_QUANTS, "Q4_K_M"])
+def test_k_quant_gguf_logits_match_transformers_on_the_same_weights(tmp_path, type_name):
+    """gguf cannot quantize K types: the file holds random K blocks, transformers their dequantized values."""
+    hf_model = hf_checkpoint("llama3", **K_SHAPE)
+    path = tmp_path / f"llama3-{type_name}.gguf"
+    hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
+    reader = open_gguf(str(path))
+    mix = {"Q4_K", "Q6_K"} if type_name == "Q4_K_M" else {type_name}
+    assert {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2} == mix
+    model = build_model(str(path))
+    prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    logits = model.compute_logits(run_step(model, KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches,
+                                           [(prompt, 0, BLOCK_TABLE)]))
+    # 1e-4 of the largest logit (up to ~40 here: random K blocks make wide weights)
+    assert (logits - expected).abs().max() < 1e-4 * max(1.0, expected.abs().max().item())
