@@ -1,15 +1,20 @@
 """Constrained decoding in the in-process engine on the real model, at temperature 1.0: every
 output of every schema, regex and choice validates; a preempted sequence (its matcher rebuilt by
-replaying its tokens) and n > 1 (a matcher per choice) give exactly what an undisturbed run gives."""
+replaying its tokens) and n > 1 (a matcher per choice) give exactly what an undisturbed run gives;
+strict tools in tool_choice "auto" write calls that validate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import jsonschema
 import pytest
 
+from pagedserve.services.api import tool_calls
 from pagedserve.services.engine import Engine
 from pagedserve.shared.messages import GuidedDecoding, SamplingParams
+from tests.api.test_inputs import _prepare
 from tests.structured.schemas import CHOICES, REGEX, SCHEMAS, check_json, check_regex
 
 pytestmark = pytest.mark.slow
@@ -81,3 +86,24 @@ def test_each_of_n_choices_has_its_own_matcher(engine):
     assert len(set(texts)) > 1
 
 
+
+
+def test_strict_tools_in_auto_write_calls_that_validate(engine, tokenizer):
+    """tool_choice "auto" with a strict function (xgrammar's triggered tags), the model pushed to open
+    a call by a logit_bias on "<tool_call>"'s tokens: each call's arguments follow the strict schema
+    (the bias stays on inside them), and parallel_tool_calls false ends the output after the call."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema, "strict": True}}
+    bias = {str(t): 100 for t in tokenizer.encode("<tool_call>", add_special_tokens=False)}
+    request = _prepare(tokenizer, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [tool],
+                                   "logit_bias": bias, "temperature": 1.0, "max_tokens": 100,
+                                   "parallel_tool_calls": False})
+    params = [dataclasses.replace(request.sampling, seed=s) for s in range(SAMPLES)]
+    outputs = engine.generate([request.prompt_token_ids] * SAMPLES, params, decode=True)
+    for out in outputs:
+        message, finish = tool_calls.assistant_message(out.text, out.finish_reason, request.tool_use)
+        assert out.finish_reason == "stop" and finish == "tool_calls", out.text
+        (call,) = message["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
