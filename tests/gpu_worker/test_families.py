@@ -158,3 +158,29 @@ def test_a_max_model_len_past_the_models_context_is_refused_naming_its_field():
     assert refusal(model_type="phi3", original_max_position_embeddings=4096, rope_parameters=longrope).endswith(
         "(its original_max_position_embeddings)")
     assert refusal(model_type="gemma2", sliding_window=512).endswith("of 8192 tokens (its max_position_embeddings)")
+
+
+def test_windowed_attention_is_what_gemma_layers_need():
+    assert ModelConfig.from_hf_config(GEMMA2_2B).windowed_attention
+    assert ModelConfig.from_hf_config(GEMMA3_1B).windowed_attention
+    assert not ModelConfig.from_hf_config({**GEMMA3_1B, "layer_types": ["full_attention"] * 7}).windowed_attention
+    assert not ModelConfig.from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 4096}).windowed_attention
+
+
+@pytest.mark.parametrize(("device", "asked", "chosen"), [("cuda", "auto", "torch"), ("cpu", "auto", "torch"),
+                                                         ("cuda", "reference", "reference"), ("cuda", "triton", None)])
+def test_a_gemma_worker_takes_a_backend_with_windows(device, asked, chosen):
+    from types import SimpleNamespace
+
+    from pagedserve.services.gpu_worker.worker import Worker
+
+    worker = SimpleNamespace(model_config=ModelConfig.from_hf_config(GEMMA3_1B), device=torch.device(device),
+                             config=SimpleNamespace(attention_backend=asked))
+    if chosen is None:
+        with pytest.raises(ValueError, match="'triton' has no sliding window or soft-capping.*gemma3_text"):
+            Worker._backend_name(worker)
+    else:
+        assert Worker._backend_name(worker) == chosen
+    worker.model_config = ModelConfig.from_hf_config({**BASE, "model_type": "qwen3"})
+    plain = {"auto": "triton" if device == "cuda" else "torch"}.get(asked, asked)
+    assert Worker._backend_name(worker) == plain  # other families: as before
