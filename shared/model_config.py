@@ -149,6 +149,22 @@ class ModelConfig:
         if "rope_freqs.weight" in tensors:  # llama3 scaling, written out per dim pair
             factors = [float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1)]
             rope_scaling = {"rope_type": "freq_factors", "factors": factors}
+        context, context_field = int(_field(reader, f"{arch}.context_length")), f"{arch}.context_length"
+        if "rope_factors_short.weight" in tensors:  # Phi-3's longrope: its factors as tensors
+            original_key = f"{arch}.rope.scaling.original_context_length"
+            rope_scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(_field(reader, original_key)),
+                            "attention_factor": float(_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+                            **{f"{kind}_factor": [float(x) for x in tensors[f"rope_factors_{kind}.weight"].data]
+                               for kind in ("short", "long")}}
+            if rope_scaling["original_max_position_embeddings"] < context:  # as from an HF folder
+                context, context_field = rope_scaling["original_max_position_embeddings"], original_key
+        window = _field(reader, f"{arch}.attention.sliding_window", None)
+        if fam.window_without_flag and window and int(window) < context:
+            context, context_field = int(window), f"{arch}.attention.sliding_window"
+        # head_dim: key_length, else (Phi-3, whose rope turns part of each head) hidden / heads
+        rotary_dim = _field(reader, f"{arch}.rope.dimension_count", None)
+        head_dim = _field(reader, f"{arch}.attention.key_length",
+                          hidden // num_heads if fam.fused_projections else rotary_dim or hidden // num_heads)
         vocab_size = _field(reader, f"{arch}.vocab_size", None)
         if vocab_size is None:
             vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -165,13 +181,12 @@ class ModelConfig:
             num_layers=int(_field(reader, f"{arch}.block_count")),
             num_heads=int(num_heads),
             num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
-            head_dim=int(_field(reader, f"{arch}.attention.key_length",
-                                _field(reader, f"{arch}.rope.dimension_count", hidden // num_heads))),
+            head_dim=int(head_dim),
             rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
-            context_field=f"{arch}.context_length",
+            max_position_embeddings=context,
+            context_field=context_field,
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=eos,
@@ -179,6 +194,7 @@ class ModelConfig:
             qkv_bias="blk.0.attn_q.bias" in tensors,
             o_bias="blk.0.attn_output.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
+            partial_rotary_factor=int(rotary_dim or head_dim) / int(head_dim),
         )
 
 

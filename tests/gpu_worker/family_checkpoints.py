@@ -39,7 +39,7 @@ FAMILIES = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}})),
 }
-GGUF_FAMILIES = sorted(set(FAMILIES) - {"phi3", "gemma2", "gemma3"})  # HF folders only
+GGUF_FAMILIES = sorted(set(FAMILIES) - {"gemma2", "gemma3"})  # Gemma: HF folders only
 
 
 def hf_checkpoint(name: str, seed: int = 0, **overrides):

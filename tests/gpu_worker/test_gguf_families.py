@@ -13,6 +13,7 @@ import torch
 from pagedserve.services.gpu_worker.kv_pool import KVPool
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.weights import dequantize_tensor
+from pagedserve.shared.model_config import ModelConfig
 from pagedserve.shared.model_reader import GGUF_TYPES, load_config, open_gguf
 from pagedserve.shared.tokenizer import load_tokenizer
 from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint, save_servable
@@ -31,9 +32,18 @@ def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type
     hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
     model = build_model(str(path))
     assert model.config.architecture == ("llama" if name in ("llama3", "mistral") else name)
-    arch = "qwen3" if name == "qwen3" else "qwen2" if name == "qwen2" else "llama"
-    with pytest.raises(ValueError, match=rf"context of 256 tokens \(its {arch}.context_length\)"):
-        model.config.context_length(257)
+    arch = "llama" if name in ("llama3", "mistral") else name
+    # Phi-3's context is longrope's original one, as from its folder
+    context = "128 tokens \\(its phi3.rope.scaling.original_context_length" if name == "phi3" else \
+        f"256 tokens \\(its {arch}.context_length"
+    with pytest.raises(ValueError, match=f"context of {context}"):
+        model.config.context_length(model.config.max_position_embeddings + 1)
+    if name == "phi3":  # longrope's factors and attention factor, the rope on 3/4 of each head
+        ours, theirs = model.config.rope_scaling, load_config_hf(hf_model).rope_scaling
+        assert set(ours) >= {"short_factor", "long_factor", "attention_factor", "original_max_position_embeddings"}
+        for key, value in ours.items():  # the file holds float32
+            assert value == (theirs[key] if isinstance(value, str) else pytest.approx(theirs[key], rel=1e-7)), key
+        assert (model.config.head_dim, model.config.rotary_dim) == (16, 12)
     if name == "llama3":
         assert model.config.rope_scaling["rope_type"] == "freq_factors"  # from the file's rope_freqs
     prompt = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -76,14 +86,19 @@ def test_unsupported_quant_type_is_refused_at_start(tmp_path):
         build_model(str(path))
 
 
+def load_config_hf(hf_model) -> ModelConfig:
+    return ModelConfig.from_hf_config(hf_model.config.to_dict())
+
+
 def test_unsupported_gguf_architecture_is_refused_naming_the_supported(tmp_path):
-    writer = gguf.GGUFWriter(str(tmp_path / "phi.gguf"), "phi3")
+    writer = gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma3")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"GGUF architecture 'phi3' not supported \(supported: llama, qwen2, qwen3\)"):
-        load_config(str(tmp_path / "phi.gguf"))
+    with pytest.raises(ValueError, match=r"GGUF architecture 'gemma3' not supported \(supported: llama, qwen2, qwen3, "
+                                         r"phi3\)"):
+        load_config(str(tmp_path / "gemma.gguf"))
 
 
 def test_a_gguf_serves_its_own_tokenizer_template_and_eot(tmp_path, monkeypatch):

@@ -33,9 +33,12 @@ _GGUF_LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3's [q; k; v]
 }
+_GGUF_FUSED_NAMES = {"ffn_up": "mlp.gate_up_proj"}  # Phi-3's ffn_up holds [gate; up]
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_GGUF_CONFIG_TENSORS = ("rope_freqs.weight",)  # read into the config (rope), not the state
+# read into the config (rope), not the state
+_GGUF_CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """A model name or path -> (config, float32 state dict with canonical names)."""
     path = resolve_model(path_or_name)
@@ -78,7 +81,7 @@ def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for tensor in reader.tensors:
         if tensor.name in _GGUF_CONFIG_TENSORS:
             continue
-        name = _canonical_gguf_name(tensor.name)
+        name = _canonical_gguf_name(tensor.name, FAMILIES[config.architecture].fused_projections)
         state[name] = torch.from_numpy(unpermute_if_rope_rows(name, dequantize_tensor(tensor), config))
     return config, state
 
@@ -94,13 +97,15 @@ def unpermute_if_rope_rows(name: str, rows: np.ndarray, config: ModelConfig) -> 
     return rows
 
 
-def _canonical_gguf_name(gguf_name: str) -> str:
+def _canonical_gguf_name(gguf_name: str, fused: bool = False) -> str:
+    """The HF name of a GGUF tensor; fused: a family whose ffn_up is [gate; up] (Phi-3)."""
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
-        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} (knows {', '.join(_GGUF_LAYER_NAMES)})")
-    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
+    names = {**_GGUF_LAYER_NAMES, **_GGUF_FUSED_NAMES} if fused else _GGUF_LAYER_NAMES
+    if match is None or match.group(2) not in names:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} (knows {', '.join(names)})")
+    return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{match.group(3)}"
 
 
 def _unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
