@@ -22,9 +22,11 @@ def prompt(seed: int, num_tokens: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def small_pool_stack(tmp_path_factory):
-    # 16 blocks: one 200-token prompt pushes another's prefix out of the pool
+    # 16 blocks: one 200-token prompt pushes another's prefix out of the pool; a step timeout that a
+    # slow shared machine does not reach (a reset would empty the pool these tests count hits in)
     stack = start_backend(tmp_path_factory.mktemp("tier"), args={
-        "worker": ["--dtype", "float32", "--num-blocks", "16", "--worker-id", "0"]})
+        "worker": ["--dtype", "float32", "--num-blocks", "16", "--worker-id", "0"],
+        "scheduler": ["--step-timeout", "300"]})
     yield stack
     stack.close()
 
@@ -115,4 +117,28 @@ def test_blocks_lost_from_the_tier_are_computed_instead_and_stored_again(small_p
     # the pool kept the first blocks (hits there, not stored again); those the tier missed are stored anew
     assert 1 <= missed <= 6
     wait_for(lambda: num_stored(stack, tokens) == missed, 30, "the computed blocks stored again")
+    api.close()
+
+
+def test_a_restarted_kvstore_keeps_the_tiers_lru_order(small_pool_stack):
+    """Restarted with room for 12 blocks, the kvstore keeps the 12 most recently stored (the last
+    prompt's), not whichever its scan of Redis finds first; the rest are deleted. Last in the
+    module: it leaves the kvstore with that small tier."""
+    stack = small_pool_stack
+    api = TestApi(stack)
+    older, newest = prompt(8, 100), prompt(9, 200)  # 6 and 12 full blocks
+    run(api, older)
+    computed, _, stats = run(api, newest)
+    wait_for(lambda: num_stored(stack, newest) == 12, 30, "the last prompt's 12 full blocks written to the tier")
+    block_bytes = stats["tier_used_bytes"] // stats["tier_num_blocks"]
+    assert stats["tier_num_blocks"] > 12
+    stack.kill("kvstore")
+    stack.args["kvstore"] = ["--kv-offload-memory", str(12 * block_bytes)]
+    stack.start("kvstore")
+    newest_keys = {h.hex() for h in hash_full_blocks(newest, BLOCK, root_hash(("smollm2",)))}
+    stored = {key.decode().rsplit(":", 1)[1] for key in stack.redis.keys(f"{stack.keys.prefix}:kvtier:*")}
+    assert stored == newest_keys
+    loaded, before, after = run(api, newest)
+    assert loaded == computed
+    assert gained(before, after, "prefix_cache_tier_hits") == 12 * BLOCK and after["tier_num_blocks"] == 12
     api.close()
