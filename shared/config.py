@@ -13,7 +13,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 <
                "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 
 
-KV_CACHE_DTYPES = ("auto", "int8")  # auto: the model's dtype; int8: per-row scales (kv_quant.py)
+KV_CACHE_DTYPES = ("auto", "int8")  # auto: the model's dtype; int8: groups of 32 with their scales (kv_quant.py)
 
 
 # the offload tier (kvstore --kv-offload-memory): as big as one worker's default pool, so a

@@ -1,5 +1,5 @@
 """The physical KV block pool, allocated once: per layer [2, num_blocks, block_size, Hkv, D]
-(int8: D + 2, each row's scale after it, kv_quant.py). A block id means the same rows in every
+(int8: D + S, each row's group scales after it, kv_quant.py). A block id means the same rows in every
 layer; ownership is the kvstore's business."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class TorchPagedBackend:
                softcap: float | None = None) -> torch.Tensor:
         if window is not None or softcap is not None:  # Gemma's layers: plain torch (windowed.py)
             return attend_windowed(query, kv_cache, meta, scale, window, softcap)
-        _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape  # width: D, or D + 2 for int8
+        _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape  # width: D, or D + packed scales for int8
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // num_kv_heads
         kernel = self._kernel if self._kernel_fits(query, kv_cache) else None
