@@ -184,3 +184,21 @@ def test_a_gemma_worker_takes_a_backend_with_windows(device, asked, chosen):
     worker.model_config = ModelConfig.from_hf_config({**BASE, "model_type": "qwen3"})
     plain = {"auto": "triton" if device == "cuda" else "torch"}.get(asked, asked)
     assert Worker._backend_name(worker) == plain  # other families: as before
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_gemma_in_bfloat16_picks_float32s_tokens_or_a_tie(tmp_path, name):
+    """bf16 runs the same plain ops and windowed attention: each prefill position's greedy token is
+    float32's, or one float32 rates within a bf16 tie."""
+    from tests.gpu_worker.test_model import assert_bf16_choice
+
+    save_checkpoint(name, tmp_path)
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(str(tmp_path), dtype=dtype)
+        caches = KVPool(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype).kv_caches
+        logits[dtype] = model.compute_logits(run_step(model, caches, [(prompt, 0, BLOCK_TABLE)]))
+    assert logits[torch.bfloat16].dtype == torch.float32 and torch.isfinite(logits[torch.bfloat16]).all()
+    for exact, token in zip(logits[torch.float32], logits[torch.bfloat16].argmax(-1).tolist(), strict=True):
+        assert_bf16_choice(exact, token)
