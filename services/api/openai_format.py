@@ -74,7 +74,7 @@ def chat_role_chunk(request: ApiRequest, index: int = 0) -> dict:
 
 
 def chat_chunk(request: ApiRequest, index: int, out: Output) -> dict:
-    delta = {"content": out.text} if out.text or out.finish_reason is None else {}
+    delta = {"content": out.text}  # "" on a finish without text: content stays a string, as vLLM sends it
     choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(request.gens[index], out.logprobs),
               "finish_reason": out.finish_reason}
     return _envelope(request, "chat.completion.chunk", [choice], usage=_chunk_usage(request))

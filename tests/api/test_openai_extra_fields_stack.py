@@ -32,3 +32,14 @@ def test_unknown_fields_are_served_and_named_in_a_header(oai):
     assert [c.choices[0].finish_reason for c in raw.parse() if c.choices][-1] == "length"
     plain = oai.chat.completions.with_raw_response.create(model="smollm2", messages=CHAT, max_tokens=2)
     assert IGNORED_HEADER not in plain.headers
+
+
+@pytest.mark.slow
+def test_every_streamed_chat_delta_has_string_content(oai):
+    """The finishing chunk too (its content "" when the last token has no text), as vLLM sends it:
+    SGLang's and vLLM's stream tests read delta.content of every chunk as a string."""
+    chunks = list(oai.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=40, temperature=0,
+                                              stream=True))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    assert all(isinstance(c.delta.content, str) for c in choices)
+    assert [c.finish_reason is not None for c in choices].count(True) == 1 and choices[-1].finish_reason
