@@ -126,7 +126,8 @@ def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> l
         return tokenizer.encode(prompt) if prompt else []
     bad = [t for t in prompt if not 0 <= t < info.vocab_size]
     if bad:
-        raise ApiError(400, f"prompt token id {bad[0]} is out of range [0, {info.vocab_size})", param="prompt")
+        raise ApiError(400, f"prompt token id {bad[0]} is out of vocabulary (ids 0..{info.vocab_size - 1})",
+                       param="prompt")
     return list(prompt)
 
 

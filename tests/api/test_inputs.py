@@ -97,6 +97,11 @@ def test_wrong_type_names_the_field(tokenizer):
     assert error.param == "top_p" and "top_p" in error.message
 
 
+def test_a_token_id_outside_the_vocabulary_is_named_as_vllm_words_it(tokenizer):
+    error = _error(tokenizer, {"prompt": [5, 999999]})  # vLLM's tests match "out of vocabulary"
+    assert error.param == "prompt" and "999999 is out of vocabulary" in error.message
+
+
 def test_completion_defaults_follow_openai(tokenizer):
     p = _prepare(tokenizer, {"prompt": "Hello there"})
     assert p.kind == "completion" and p.prompt_token_ids == tokenizer.encode("Hello there")
