@@ -2,7 +2,9 @@
 
 Teacher-forced: held-out text (stdlib docstrings, not the model's chat data) cut at --positions
 positions, one prefill per KV storage, logits at every position: top-1 agreement with the model's
-own dtype and the mean |difference| of that top-1 token's logprob. Storages: auto (the model's
+own dtype, the mean |difference| of that top-1 token's logprob, and how many disagreements fall
+on near-ties of the baseline (its top two within NEAR_TIE: a bf16 model's logits cannot order them,
+and any change of rounding flips them). Storages: auto (the model's
 dtype), int8 (the real pool), and, simulated in a wider pool (quantize then dequantize on write,
 read by the same SDPA path): no quantization (the floor of a different summation order), int8 in
 groups of 32 (what the pool stores) and int8 with one scale per row (token and head: coarser,
@@ -25,6 +27,8 @@ from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 from pagedserve.shared.tokenizer import load_tokenizer
 
+# a near-tie: the baseline's top two logprobs within two bf16 steps of a logit in [16, 32)
+NEAR_TIE = 0.25
 HELD_OUT_MODULES = ("textwrap", "difflib", "heapq", "bisect", "fractions", "statistics", "shlex", "string")
 
 
@@ -84,19 +88,25 @@ def teacher_forced(args) -> dict:
              "sim-int8-groups": lambda ids: logprobs(auto, ids, False, simulate=True),
              "sim-int8-per-row": lambda ids: logprobs(auto, ids, True, simulate=True)}
     agree = {m: 0 for m in modes}
+    near_ties = {m: 0 for m in modes}  # disagreements where the baseline's own top two lie within NEAR_TIE
     dlogp = {m: 0.0 for m in modes}
     total = 0
     with torch.inference_mode():
         for ids in held_out_tokens(args.model, args.positions):
             base = logprobs(auto, ids[:-1])
             top = base.argmax(-1)
+            two = base.topk(2, dim=-1).values
+            near = (two[:, 0] - two[:, 1]) <= NEAR_TIE
             total += len(top)
             for m, run in modes.items():
                 lp = run(ids[:-1])
-                agree[m] += int((lp.argmax(-1) == top).sum())
+                same = lp.argmax(-1) == top
+                agree[m] += int(same.sum())
+                near_ties[m] += int((~same & near).sum())
                 dlogp[m] += float((lp.gather(1, top[:, None]) - base.gather(1, top[:, None])).abs().sum())
     return {"positions": total, "dtype": str(auto.dtype),
-            **{m: {"top1_agreement": agree[m] / total, "mean_abs_dlogprob": dlogp[m] / total} for m in modes}}
+            **{m: {"top1_agreement": agree[m] / total, "mean_abs_dlogprob": dlogp[m] / total,
+                   "disagreements": total - agree[m], "of_them_near_ties": near_ties[m]} for m in modes}}
 
 
 def greedy_divergence(args) -> dict:
