@@ -54,7 +54,8 @@ def test_round_trip_is_exact(message):
 def test_the_wire_form_is_a_versioned_map_of_fields():
     data = msgpack.unpackb(codec.pack(CachedRequestData("b", [1, 2, 70000], 40, 1)), raw=False)
     assert data == {"v": VERSION, "t": "CachedRequestData", "d": {
-        "request_id": "b", "new_block_ids": [1, 2, 70000], "num_computed_tokens": 40, "num_scheduled_tokens": 1}}
+        "request_id": "b", "new_block_ids": [1, 2, 70000], "num_computed_tokens": 40, "num_scheduled_tokens": 1,
+        "draft_token_ids": []}}
 
 
 def test_numpy_scalars_are_written_as_numbers():
