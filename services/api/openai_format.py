@@ -41,7 +41,8 @@ def chat_response(request: ApiRequest) -> dict:
             for i, gen in enumerate(request.gens)
             for message, finish in [assistant_message(gen.text, gen.finish_reason, request.tool_use)]]
     envelope = _envelope(request, "chat.completion", body, usage=request.usage())
-    if request.prompt is not None and request.prompt.prompt_logprobs is not None:  # vLLM's, beside the choices
+    envelope["prompt_logprobs"] = None  # vLLM's, beside the choices: null unless asked
+    if request.prompt is not None and request.prompt.prompt_logprobs is not None:
         envelope["prompt_logprobs"] = vllm_prompt_logprobs(request, request.gens[0], _token_text)
     return envelope
 

@@ -66,6 +66,8 @@ def test_echo_then_generate_and_vllm_prompt_logprobs(oai, hf_logprobs, tokenizer
     chat = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
                                        extra_body={"prompt_logprobs": 0})
     assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 3
+    plain = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert plain.model_extra["prompt_logprobs"] is None  # vLLM's field is there, null, when not asked
 
 
 @pytest.mark.slow
