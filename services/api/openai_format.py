@@ -11,6 +11,8 @@ from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.tool_calls import assistant_message
 from pagedserve.shared.messages import SampledToken
 
+MIN_LOGPROB = -9999.0  # OpenAI's floor for a reported logprob
+
 
 def completion_response(request: ApiRequest) -> dict:
     body = [_completion_choice(i, gen) for i, gen in enumerate(request.gens)]
@@ -139,7 +141,7 @@ def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offs
     for s in logprobs:
         text = _token_text(tok, s.token_id)
         tokens.append(text)
-        token_logprobs.append(s.logprob)
+        token_logprobs.append(floor(s.logprob))
         top.append(completion_top(tok, s, gen.sampling.logprobs))
         offsets.append(text_offset)
         text_offset += len(text)
@@ -149,9 +151,15 @@ def completion_logprobs(gen: Generation, logprobs: list[SampledToken], text_offs
 def completion_top(tokenizer, scored: SampledToken, k: int) -> dict[str, float]:
     """A completion token's top_logprobs as OpenAI gives them: the k most likely and the chosen
     one (k or k + 1 entries; logprobs 0: the chosen alone)."""
-    top = {_token_text(tokenizer, t): lp for t, lp in (scored.top_logprobs or [])[:k]}
-    top.setdefault(_token_text(tokenizer, scored.token_id), scored.logprob)
+    top = {_token_text(tokenizer, t): floor(lp) for t, lp in (scored.top_logprobs or [])[:k]}
+    top.setdefault(_token_text(tokenizer, scored.token_id), floor(scored.logprob))
     return top
+
+
+def floor(logprob: float) -> float:
+    """A logprob as OpenAI reports it: at least -9999.0 (a token a grammar or logit_bias masks
+    has -inf, which JSON cannot carry)."""
+    return max(logprob, MIN_LOGPROB)
 
 
 def chat_logprobs(gen: Generation, logprobs: list[SampledToken]) -> dict | None:
@@ -161,7 +169,8 @@ def chat_logprobs(gen: Generation, logprobs: list[SampledToken]) -> dict | None:
     content = []
     for s in logprobs:
         text = _token_text(tok, s.token_id)
-        top = [{"token": (t_text := _token_text(tok, t)), "logprob": lp, "bytes": list(t_text.encode())}
+        top = [{"token": (t_text := _token_text(tok, t)), "logprob": floor(lp), "bytes": list(t_text.encode())}
                for t, lp in (s.top_logprobs or [])]
-        content.append({"token": text, "logprob": s.logprob, "bytes": list(text.encode()), "top_logprobs": top})
+        content.append({"token": text, "logprob": floor(s.logprob), "bytes": list(text.encode()),
+                        "top_logprobs": top})
     return {"content": content}

@@ -43,3 +43,15 @@ def test_every_streamed_chat_delta_has_string_content(oai):
     choices = [c.choices[0] for c in chunks if c.choices]
     assert all(isinstance(c.delta.content, str) for c in choices)
     assert [c.finish_reason is not None for c in choices].count(True) == 1 and choices[-1].finish_reason
+
+
+@pytest.mark.slow
+def test_logprobs_of_masked_tokens_are_floored_as_openai_does(oai):
+    """A token the grammar masks has logprob -inf, which JSON cannot carry: it is reported as
+    -9999.0, OpenAI's floor (vLLM's test_structured_outputs_choice_chat_logprobs)."""
+    choices = ["Python", "Java"]
+    r = oai.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=8, logprobs=True, top_logprobs=5,
+                                    extra_body={"structured_outputs": {"choice": choices}})
+    assert r.choices[0].message.content in choices
+    scores = [t.logprob for step in r.choices[0].logprobs.content for t in step.top_logprobs]
+    assert min(scores) == -9999.0  # the last step: only the end is allowed
