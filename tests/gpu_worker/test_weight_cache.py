@@ -4,7 +4,9 @@ the key follows the model file, dtype and knobs; a broken entry is rebuilt."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.startup import StartupPhases, last_phase
 from tests.gpu_worker.family_checkpoints import VOCAB, save_checkpoint
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
+from tests.waiting import wait_for
 
 CPU = torch.device("cpu")
 
@@ -109,6 +112,22 @@ def test_phase_lines_name_what_the_worker_does(caplog):
     assert last_phase(lines[:2]) == "loading the model"
     assert last_phase(["[worker] 12:00 INFO x: other"]) is None
     assert list(phases.seconds) == ["model"] and phases.summary().startswith("start ")
+
+
+def test_waiting_on_another_build_is_a_phase_up_shows(checkpoint, caplog):
+    lock = weight_cache.cache_dir() / "build.lock"
+    lock.parent.mkdir(parents=True)
+    loaded = {}
+    with caplog.at_level("INFO", logger="pagedserve.worker"), open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process building
+        waiter = threading.Thread(target=lambda: loaded.update(result=_load(checkpoint, torch.float32)))
+        waiter.start()
+        wait_for(lambda: last_phase([r.getMessage() for r in caplog.records]), 60, "a phase line")
+        assert last_phase([r.getMessage() for r in caplog.records]) == (
+            f"waiting for another process preparing a model ({lock})")
+        fcntl.flock(held, fcntl.LOCK_UN)
+        waiter.join(60)
+    assert list(loaded["result"][1].seconds) == ["model_wait", "model", "cache"]
 
 
 def test_pool_memory_is_zero_aligned_and_untouched_until_written():
