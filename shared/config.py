@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from pagedserve.shared.config_error import ConfigError
-from pagedserve.shared.scheduler_config import StepLimits
+from pagedserve.shared.scheduler_config import DEFAULT_POLICY, StepLimits
 from pagedserve.shared.speculative_config import parse_speculative_config
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
@@ -52,7 +52,7 @@ class EngineConfig(StepLimits):  # its step limits: scheduler_config.py
     num_blocks: int | None = None  # overrides the memory budget (tests)
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True  # as vLLM: on unless turned off for comparison
-    policy: str = "fcfs"  # an installed `pagedserve.policies` entry point, loaded when the engine starts
+    policy: str = DEFAULT_POLICY  # loaded when the engine starts
     policy_options: dict = field(default_factory=dict)
     seed: int = 0
     # vLLM's --speculative-config as a dict or JSON text (shared/speculative_config.py); None: off

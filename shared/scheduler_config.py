@@ -4,12 +4,47 @@ Scheduler core take their defaults from here, and this is their one validation."
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import dataclass
 
 from pagedserve.shared.config_error import ConfigError
 from pagedserve.shared.options import check_fields, option
 
 ROUTERS = ("prefix", "round-robin")
+DEFAULT_POLICY = "fcfs"  # an installed `pagedserve.policies` entry point
+
+
+def policy_options(text: str | dict) -> dict:
+    """The policy's options from a JSON object's text; ConfigError naming policy_options."""
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"invalid config field 'policy_options'={text!r}: not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"invalid config field 'policy_options'={text!r}: must be a JSON object")
+    return value
+
+
+def _options_argument(text: str) -> dict:
+    try:
+        return policy_options(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser, parse_options: bool = False) -> None:
+    """--policy, --policy-options and --speculative-config, each with its one default; parse_options:
+    --policy-options becomes a dict while parsing (else JSON text, checked by policy_options)."""
+    parser.add_argument("--policy", default=DEFAULT_POLICY,
+                        help=f"scheduling policy: an installed one (`pagedserve policies`; default {DEFAULT_POLICY})")
+    parser.add_argument("--policy-options", default="{}", type=_options_argument if parse_options else str,
+                        metavar="JSON", help='the policy\'s options as a JSON object, e.g. \'{"aging": 2}\'')
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": '
+                             '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (default off)')
 
 
 @dataclass

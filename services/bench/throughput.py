@@ -11,44 +11,33 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 
 from pagedserve.services.bench.report import latency_summary, print_table, throughput_fields
 from pagedserve.services.bench.workloads import load_workload
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
+from pagedserve.shared.options import add_options
+from pagedserve.shared.scheduler_config import StepLimits, add_policy_arguments
 
 COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms",
            "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate", "prompt_tokens_computed"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=EngineConfig.device, help="the in-process engine's: cpu, cuda or cuda:N")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
+                        help="on a GPU: the fraction of free memory the KV pool takes")
     parser.add_argument("--kv-cache-memory", default="2GiB")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"], help="the KV pool's storage")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    add_options(parser, StepLimits)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compare-prefix-caching", action="store_true",
                         help="run the engine with prefix caching on, then off, in this one run")
-    parser.add_argument("--speculative-config", default=None, metavar="JSON",
-                        help='speculative decoding, as vLLM takes it, e.g. \'{"method": "ngram", '
-                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\'')
     parser.add_argument("--compare-speculation", action="store_true",
                         help="in-process: run with --speculative-config, then without, in this one run, and check "
                              "that the greedy tokens are the same (same_tokens)")
-    parser.add_argument("--policy", default="fcfs", help="the in-process engine's scheduling policy (an installed "
-                        "`pagedserve policies` name)")
-    parser.add_argument("--policy-options", type=_json_object, default={}, metavar="JSON",
-                        help='the policy\'s options, e.g. \'{"aging": 2}\'')
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
+    add_policy_arguments(parser, parse_options=True)
 
 
 def run_engine(requests, args, enable_prefix_caching: bool | None = None, speculative: str | None = None,
@@ -58,9 +47,10 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None, specul
 
     from pagedserve.services.engine import Engine
 
-    config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                          gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=args.kv_cache_memory,
                           kv_cache_dtype=args.kv_cache_dtype,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          **{f.name: getattr(args, f.name) for f in fields(StepLimits)},
                           enable_prefix_caching=args.enable_prefix_caching if enable_prefix_caching is None
                           else enable_prefix_caching, policy=args.policy, policy_options=args.policy_options,
                           speculative_config=speculative)
@@ -147,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         r["workload"] = args.workload
         r["dtype"] = args.dtype
+        r["device"] = args.device
     print_table(results, COLUMNS)
     if args.output:
         with open(args.output, "w") as f:

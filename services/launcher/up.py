@@ -31,7 +31,7 @@ from pagedserve.shared.config import (
     parse_size,
 )
 from pagedserve.shared.options import add_options, command_line, from_args
-from pagedserve.shared.scheduler_config import SchedulerConfig
+from pagedserve.shared.scheduler_config import SchedulerConfig, add_policy_arguments
 
 log = logging.getLogger("pagedserve.up")
 
@@ -68,10 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=os.environ.get("PAGEDSERVE_LOG_LEVEL") or "info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /ready (default 180)")
-    parser.add_argument("--policy", default="fcfs", help="scheduling policy (`pagedserve policies`; default fcfs)")
-    parser.add_argument("--policy-options", default="{}", help="the policy's options as a JSON object")
-    parser.add_argument("--speculative-config", default=None,
-                        help='speculative decoding (scheduler), e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    add_policy_arguments(parser)
     for name, what in (("--max-prompt-tokens", "prompt tokens"), ("--max-output-tokens", "max_tokens")):
         parser.add_argument(name, type=int, default=None, help=f"per-request limit on {what} (400 past it)")
     add_options(parser, SchedulerConfig, defaults=False)  # passed on to the scheduler when given

@@ -6,14 +6,13 @@ Its model limits (max_model_len, eos ids) come from the worker's hello, not from
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
 from pagedserve.shared import redis_io
 from pagedserve.shared.config import ConfigError
 from pagedserve.shared.options import add_options, from_args
-from pagedserve.shared.scheduler_config import SchedulerConfig
+from pagedserve.shared.scheduler_config import SchedulerConfig, add_policy_arguments, policy_options
 from pagedserve.shared.speculative_config import parse_speculative_config
 from pagedserve.shared.streams import Keys
 
@@ -22,26 +21,15 @@ log = logging.getLogger("pagedserve.scheduler")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     redis_io.add_common_arguments(parser)
-    parser.add_argument("--policy", default="fcfs",
-                        help="scheduling policy: an entry point of group pagedserve.policies (`pagedserve policies`)")
-    parser.add_argument("--policy-options", default="{}", help='the policy\'s options as JSON, e.g. \'{"aging": 2}\'')
+    add_policy_arguments(parser)
     add_options(parser, SchedulerConfig)
-    parser.add_argument("--speculative-config", default=None,
-                        help='speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": '
-                             '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' (default off)')
 
 
 def load_policy(name: str, options_json: str = "{}"):
     """The installed policy `name` with its options; ConfigError naming the field."""
     from pagedserve.services.scheduler.policies.registry import configured_policy
 
-    try:
-        options = json.loads(options_json)
-    except ValueError as e:
-        raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: not JSON ({e})") from None
-    if not isinstance(options, dict):
-        raise ConfigError(f"invalid config field 'policy_options'={options_json!r}: must be a JSON object")
-    return configured_policy(name, options)
+    return configured_policy(name, policy_options(options_json))
 
 
 def run(args: argparse.Namespace) -> int:
