@@ -18,7 +18,7 @@ from pagedserve.services.scheduler import main as scheduler_main
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.config import ConfigError, EngineConfig
 from pagedserve.shared.options import command_line, from_args
-from pagedserve.shared.scheduler_config import SchedulerConfig, StepLimits
+from pagedserve.shared.scheduler_config import DEFAULT_POLICY, SchedulerConfig, StepLimits
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NAMES = [f.name for f in fields(SchedulerConfig)]
@@ -41,6 +41,18 @@ def test_the_service_the_engine_and_the_core_share_each_default():
     assert shared == ["max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold", "stream_interval",
                       "max_waiting_requests", "max_waiting_tokens"]
     assert {name: core[name].default for name in shared} == {name: getattr(defaults, name) for name in shared}
+
+
+def test_the_policy_and_speculation_defaults_are_one_for_every_command():
+    from pagedserve.services.bench import throughput
+
+    for module in (up, scheduler_main, throughput):
+        args = _parse(module)
+        assert (args.policy, args.speculative_config) == (DEFAULT_POLICY, None)
+        assert args.policy_options in ("{}", {})
+    engine = EngineConfig()
+    assert (engine.policy, engine.policy_options, engine.speculative_config) == (DEFAULT_POLICY, {}, None)
+    assert from_args(StepLimits, _parse(throughput)) == StepLimits()
 
 
 def test_up_passes_on_exactly_the_settings_it_is_given_and_the_scheduler_reads_them_back():
