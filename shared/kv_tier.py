@@ -69,13 +69,14 @@ async def load_blocks(r, keys: Keys, namespace: str, hashes: list[bytes], timeou
     return {h: v for h, v in zip(unique, values, strict=True) if v is not None}
 
 
-async def store_blocks(r, keys: Keys, namespace: str, blocks: list[tuple[bytes, bytes]]) -> bool:
-    """Write block contents (hash, bytes); False, logged, if Redis refused (readers will compute)."""
-    pipe = r.pipeline(transaction=False)
+def store_blocks(client, keys: Keys, namespace: str, blocks: list[tuple[bytes, memoryview]]) -> bool:
+    """Write block contents (hash, bytes) on a blocking client (the worker's writer thread: large
+    values go to the socket as they are); False, logged, if Redis refused (readers will compute)."""
+    pipe = client.pipeline(transaction=False)
     for block_hash, contents in blocks:
         pipe.set(tier_key(keys, namespace, block_hash), contents)
     try:
-        await pipe.execute()
+        pipe.execute()
     except REDIS_ERRORS as e:
         log.warning("offload tier unwritable (%s: %s): %d blocks not stored", type(e).__name__, e, len(blocks))
         return False

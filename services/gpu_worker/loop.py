@@ -11,6 +11,7 @@ import time
 import uuid
 
 from pagedserve.services.gpu_worker import tier_blocks
+from pagedserve.services.gpu_worker.tier_writer import TierWriter
 from pagedserve.shared import kv_tier, redis_io
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
 from pagedserve.shared.redis_io import Entry, Heartbeat
@@ -27,7 +28,7 @@ TIER_LOAD_TIMEOUT_S = 5.0  # past it the worker computes the blocks it meant to 
 
 class WorkerLoop:
     def __init__(self, r, keys: Keys, worker, worker_id: str, model: str, max_model_len: int,
-                 compute: concurrent.futures.Executor) -> None:
+                 compute: concurrent.futures.Executor, tier_client) -> None:
         self.r, self.keys, self.worker, self.worker_id = r, keys, worker, worker_id
         self.compute = compute  # the one thread that runs torch in this process
         self.model, self.max_model_len = model, max_model_len
@@ -37,12 +38,10 @@ class WorkerLoop:
         kv_caches = worker.pool.kv_caches
         self.tier_namespace = tier_blocks.pool_namespace(model, kv_caches, worker.block_size)
         self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
-        self.tier_writes: set[asyncio.Task] = set()  # stores in flight, off the step's critical path
-        self.tier_stored = tier_blocks.StoreTally()
-        # step id -> its stores; its result waits for them, so the scheduler learns no token a step
-        # sampled before the blocks that step stored are in the tier (with synchronous scheduling a
-        # request moved off a dead worker recomputes one block at most; async: one token more)
-        self.stores_before_result: dict[int, asyncio.Task] = {}
+        # a result waits for the writes of its plan's stores_lag: with synchronous scheduling the
+        # scheduler learns no token a step sampled before the blocks that step stored are in the tier
+        # (a request moved off a dead worker recomputes one block at most)
+        self.tier_writer = TierWriter(tier_client, keys, self.tier_namespace)
 
     async def run(self, stop: asyncio.Event) -> int:
         plans = self.keys.worker_plan(self.worker_id)
@@ -57,7 +56,7 @@ class WorkerLoop:
                  self.worker_id, hello.num_blocks, hello.block_size, hello.max_model_len, self.incarnation)
         # plans are read and results sent while a step runs: the compute thread never waits on Redis
         entries: asyncio.Queue[Entry] = asyncio.Queue(maxsize=PLANS_AHEAD)
-        results: asyncio.Queue[StepResult] = asyncio.Queue()
+        results: asyncio.Queue[tuple[StepResult, int]] = asyncio.Queue()  # (result, wait for writes through)
         reader = asyncio.create_task(self._read_plans(plans, f"worker-{self.worker_id}", entries))
         sender = asyncio.create_task(self._send_results(results))
         # a restarted Redis lost the hello, the group and the lease: say them again, lease first
@@ -74,7 +73,8 @@ class WorkerLoop:
                 result = await self._execute(entry)
                 if result is not None:
                     result.worker_id = self.worker_id
-                    results.put_nowait(result)
+                    lag = entry.message.stores_lag if entry.message is not None else 0
+                    results.put_nowait((result, result.step_id - lag))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(results.join(), STOP_POLL_S)
         finally:
@@ -82,6 +82,7 @@ class WorkerLoop:
                 task.cancel()
             await asyncio.gather(reader, sender, rejoin, return_exceptions=True)
             await heartbeat.stop()
+            self.tier_writer.close()
         return 0
 
     async def _rejoin(self, heartbeat: Heartbeat, hello: WorkerHello, plans: str) -> None:
@@ -106,10 +107,8 @@ class WorkerLoop:
         """In step order; each retried until Redis takes it."""
         backoff = redis_io.Backoff()
         while True:
-            result = await results.get()
-            stores = self.stores_before_result.pop(result.step_id, None)
-            if stores is not None:
-                await asyncio.wait({stores}, timeout=TIER_LOAD_TIMEOUT_S)
+            result, stored_through = await results.get()
+            await self.tier_writer.wait_through(stored_through, TIER_LOAD_TIMEOUT_S)
             while True:
                 try:
                     await redis_io.send(self.r, self.keys.worker_results, result)
@@ -150,22 +149,13 @@ class WorkerLoop:
                 self.compute, tier_blocks.execute, self.worker, plan, blobs)
             result.tier_load_seconds = load_seconds
             result.tier_loaded_bytes = result.num_tier_loaded_blocks * self.tier_block_bytes
-            self.tier_stored.take_into(result)
+            self.tier_writer.tally.take_into(result)
             if moved.stores:
-                task = asyncio.create_task(self._store(moved.stores))
-                self.tier_writes.add(task)
-                task.add_done_callback(self.tier_writes.discard)
-                self.stores_before_result[plan.step_id] = task
+                self.tier_writer.submit(plan.step_id, moved.stores)
             return result
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)
             return StepResult(plan.step_id)
-
-
-    async def _store(self, blocks: list[tuple[bytes, bytes]]) -> None:
-        started = time.perf_counter()
-        if await kv_tier.store_blocks(self.r, self.keys, self.tier_namespace, blocks):
-            self.tier_stored.add(blocks, time.perf_counter() - started)
 
 
 def drop_bad_requests(plan: StepPlan, worker) -> list[tuple[str, str]]:

@@ -12,9 +12,11 @@ import sys
 from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared import redis_io
 from pagedserve.shared.config import ConfigError, EngineConfig
+from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
+TIER_WRITE_TIMEOUT_S = 30.0  # a tier write stuck past it fails (logged; readers compute those blocks)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     phases.begin("joining the stack (heartbeat, hello to the scheduler)")
 
     return redis_io.run_loop(args.redis_url, "worker", lambda r: WorkerLoop(
-        r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute))
+        r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute,
+        sync_client(args.redis_url, socket_timeout=TIER_WRITE_TIMEOUT_S)))
 
 
 if __name__ == "__main__":

@@ -27,9 +27,17 @@ def pool_namespace(model: str, kv_caches: list[torch.Tensor], block_size: int) -
     return tier_namespace(model, f"{first.dtype}/{len(kv_caches)}", block_size, tuple(first[:, 0].shape))
 
 
-def pack_block(kv_caches: list[torch.Tensor], block_id: int) -> bytes:
-    parts = [layer[:, block_id].contiguous().view(torch.uint8).reshape(-1) for layer in kv_caches]
-    return torch.cat(parts).cpu().numpy().tobytes()
+def pack_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> list[memoryview]:
+    """Each block's bytes, one copy from the pool into one buffer (rows: blocks), no bytes object."""
+    out = torch.empty((len(block_ids), block_bytes(kv_caches)), dtype=torch.uint8)
+    offset = 0
+    for layer in kv_caches:
+        shape, size = layer[:, 0].shape, layer[:, 0].numel() * layer.element_size()
+        for row, block_id in enumerate(block_ids):
+            out[row, offset:offset + size].view(layer.dtype).view(shape).copy_(layer[:, block_id])
+        offset += size
+    rows = out.numpy()
+    return [memoryview(rows[row]) for row in range(len(block_ids))]
 
 
 def unpack_block(kv_caches: list[torch.Tensor], block_id: int, blob: bytes) -> None:
@@ -48,7 +56,7 @@ class TierStep:
 
     num_loaded: int = 0
     num_missed: int = 0
-    stores: list[tuple[bytes, bytes]] = field(default_factory=list)  # (hash, contents)
+    stores: list[tuple[bytes, memoryview]] = field(default_factory=list)  # (hash, contents)
 
 
 @dataclass
@@ -59,9 +67,9 @@ class StoreTally:
     num_bytes: int = 0
     seconds: float = 0.0
 
-    def add(self, blocks: list[tuple[bytes, bytes]], seconds: float) -> None:
-        self.num_blocks += len(blocks)
-        self.num_bytes += sum(len(contents) for _h, contents in blocks)
+    def add(self, num_blocks: int, num_bytes: int, seconds: float) -> None:
+        self.num_blocks += num_blocks
+        self.num_bytes += num_bytes
         self.seconds += seconds
 
     def take_into(self, result: StepResult) -> None:
@@ -101,11 +109,15 @@ def collect_stores(kv_caches: list[torch.Tensor], block_size: int, requests: dic
                    step: TierStep) -> None:
     """Pack each block to store whose request now holds it computed (anything else is skipped:
     a block never reaches the tier unless this worker computed or loaded all its tokens)."""
+    hashes, block_ids = [], []
     for request_id, index, block_hash in stores:
         state = requests.get(request_id)
         if state is None or index >= len(state.block_ids) or state.num_computed_tokens < (index + 1) * block_size:
             continue
-        step.stores.append((block_hash, pack_block(kv_caches, state.block_ids[index])))
+        hashes.append(block_hash)
+        block_ids.append(state.block_ids[index])
+    if block_ids:
+        step.stores.extend(zip(hashes, pack_blocks(kv_caches, block_ids), strict=True))
 
 
 def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes]) -> tuple[StepResult, TierStep]:

@@ -213,7 +213,8 @@ class Scheduler:
         if set(results) != {c.request_id for _, c in pending.candidates}:
             raise ValueError("alloc reply does not answer exactly the candidates")
         self._pending = None
-        plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores))
+        plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores),
+                        stores_lag=self.max_steps_in_flight - 1)
         in_flight = InFlightStep(pending.step_id)
         refused = [c.request_id for _, c in pending.candidates
                    if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]

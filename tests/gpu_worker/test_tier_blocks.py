@@ -18,13 +18,22 @@ def pool(dtype: torch.dtype, num_blocks: int = 4, layers: int = 3) -> list[torch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
-def test_a_block_packs_and_unpacks_exactly_into_another_block(dtype):
+def test_blocks_pack_and_unpack_exactly_into_other_blocks(dtype):
     kv = pool(dtype)
-    blob = tier_blocks.pack_block(kv, 1)
-    assert len(blob) == tier_blocks.block_bytes(kv) == 3 * 2 * 4 * 2 * 8 * kv[0].element_size()
-    tier_blocks.unpack_block(kv, 3, blob)
+    blobs = tier_blocks.pack_blocks(kv, [1, 0])
+    size = tier_blocks.block_bytes(kv)
+    assert size == 3 * 2 * 4 * 2 * 8 * kv[0].element_size() and [len(b) for b in blobs] == [size, size]
+    tier_blocks.unpack_block(kv, 3, bytes(blobs[0]))
+    tier_blocks.unpack_block(kv, 2, blobs[1])
     for layer in kv:
-        assert torch.equal(layer[:, 3], layer[:, 1])
+        assert torch.equal(layer[:, 3], layer[:, 1]) and torch.equal(layer[:, 2], layer[:, 0])
+
+
+def test_a_packed_block_is_each_layers_slice_in_layer_order():
+    kv = pool(torch.float32, layers=2)
+    (blob,) = tier_blocks.pack_blocks(kv, [2])
+    expected = torch.cat([layer[:, 2].reshape(-1) for layer in kv])
+    assert torch.equal(torch.frombuffer(bytearray(blob), dtype=torch.float32), expected)
 
 
 def test_namespaces_differ_by_dtype_layout_and_block_size():
@@ -43,7 +52,7 @@ def new_request(loads) -> NewRequestData:
 def test_loads_fill_the_blocks_and_a_miss_is_computed_from_its_block_on():
     kv = pool(torch.float32)
     source = pool(torch.float32)
-    blobs = {b"h1": tier_blocks.pack_block(source, 0)}
+    blobs = {b"h1": bytes(tier_blocks.pack_blocks(source, [0])[0])}
     plan = StepPlan(1, new_requests=[new_request([(1, b"h1"), (2, b"h2")])])
     step = tier_blocks.TierStep()
     missed = tier_blocks.apply_loads(kv, 4, plan, blobs, step)

@@ -151,3 +151,11 @@ def test_generated_blocks_are_hashed_a_step_late_but_shared():
     assert b.num_cached_tokens == 28
     manager.check_integrity()
     assert manager.num_free_blocks == 64
+
+
+@pytest.mark.parametrize(("in_flight", "lag"), [(1, 0), (2, 1)])
+def test_a_result_waits_only_for_the_tier_writes_of_steps_the_scheduler_no_longer_plans_ahead_of(in_flight, lag):
+    scheduler, allocator, worker = make_stack(max_steps_in_flight=in_flight)
+    scheduler.add_request(make_request("a", num_prompt_tokens=10, max_tokens=3))
+    run = run_pipelined_until_done if in_flight == 2 else run_until_done
+    assert {record.plan.stores_lag for record in run(scheduler, allocator, worker)} == {lag}
