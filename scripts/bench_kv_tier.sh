@@ -4,11 +4,13 @@
 #             --kv-offload-memory 0, alternating on off on off on off (3 pairs);
 #   eviction  6 distinct 1,500-token prefixes, 3 rounds, on a 200-block pool: tier on, tier off,
 #             then vllm serve (CPU) with the same 200-block pool and prefix caching on.
-# Usage: bash scripts/bench_kv_tier.sh [OUTDIR]  (vLLM from the peers: bash ../shared/peers/setup.sh)
+# Usage: bash scripts/bench_kv_tier.sh [OUTDIR] [cost]  (cost: only the cost pairs, about 12 min;
+# vLLM from the peers: bash ../shared/peers/setup.sh)
 # Then: python3 scripts/bench_kv_tier_summary.py OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/bench-kv-tier}
+only=${2:-all}
 P=${PEERS:-$HOME/.cache/pagedserve-peers}
 port=8177
 mkdir -p "$out"
@@ -29,6 +31,7 @@ for i in 1 2 3; do
             --output "$out/cost-$tier-$i.json"
     done
 done
+[ "$only" = cost ] && { uptime | tee "$out/load-after.txt"; exit 0; }
 
 for tier in 2GiB 0; do
     pagedserve up --num-blocks 200 --kv-offload-memory $tier --port $port > "$out/up-evict-$tier.log" 2>&1 &

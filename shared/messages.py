@@ -161,9 +161,7 @@ class StepPlan:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     reset: bool = False  # drop every request's state before applying this plan
     tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)  # as AllocReply.tier_stores
-    # the result waits for the tier writes of steps up to step_id - stores_lag: 0 keeps a moved
-    # request's recompute to one block; 1 (async scheduling) takes the writes off the step's path
-    stores_lag: int = 0
+    stores_lag: int = 0  # the result waits for the tier writes of steps <= step_id - stores_lag
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -11,6 +11,7 @@ import time
 import uuid
 
 from pagedserve.services.gpu_worker import tier_blocks
+from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
 from pagedserve.services.gpu_worker.tier_writer import TierWriter
 from pagedserve.shared import kv_tier, redis_io
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
@@ -24,6 +25,7 @@ HELLO_MAXLEN = 1000
 PLANS_AHEAD = 2  # plans read ahead of the step running (the scheduler has at most 2 in flight)
 STOP_POLL_S = 1.0
 TIER_LOAD_TIMEOUT_S = 5.0  # past it the worker computes the blocks it meant to load
+PACK_BUFFERS_FREE_BYTES = 256 << 20  # kept for packing stores: 2 steps of 2,048 tokens, SmolLM2 float32
 
 
 class WorkerLoop:
@@ -38,10 +40,9 @@ class WorkerLoop:
         kv_caches = worker.pool.kv_caches
         self.tier_namespace = tier_blocks.pool_namespace(model, kv_caches, worker.block_size)
         self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
-        # a result waits for the writes of its plan's stores_lag: with synchronous scheduling the
-        # scheduler learns no token a step sampled before the blocks that step stored are in the tier
-        # (a request moved off a dead worker recomputes one block at most)
+        # stores_lag 0 (sync scheduling): no token is known before the blocks stored with it
         self.tier_writer = TierWriter(tier_client, keys, self.tier_namespace)
+        self.pack_buffers = PackBuffers(self.tier_block_bytes, PACK_BUFFERS_FREE_BYTES)
 
     async def run(self, stop: asyncio.Event) -> int:
         plans = self.keys.worker_plan(self.worker_id)
@@ -146,12 +147,12 @@ class WorkerLoop:
                                               tier_blocks.hashes_to_load(plan), TIER_LOAD_TIMEOUT_S)
             load_seconds = time.perf_counter() - started if blobs else 0.0
             result, moved = await asyncio.get_running_loop().run_in_executor(
-                self.compute, tier_blocks.execute, self.worker, plan, blobs)
+                self.compute, tier_blocks.execute, self.worker, plan, blobs, self.pack_buffers)
             result.tier_load_seconds = load_seconds
             result.tier_loaded_bytes = result.num_tier_loaded_blocks * self.tier_block_bytes
             self.tier_writer.tally.take_into(result)
             if moved.stores:
-                self.tier_writer.submit(plan.step_id, moved.stores)
+                self.tier_writer.submit(plan.step_id, moved.stores, lambda: self.pack_buffers.give(moved.buffer))
             return result
         except Exception as e:  # the model or the pool refused it: answer, never die
             log.error("step %d failed: %s: %s", plan.step_id, type(e).__name__, e, exc_info=True)

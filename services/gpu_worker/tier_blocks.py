@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
 from pagedserve.shared.kv_tier import tier_namespace
 from pagedserve.shared.messages import StepPlan, StepResult
 
@@ -27,17 +28,18 @@ def pool_namespace(model: str, kv_caches: list[torch.Tensor], block_size: int) -
     return tier_namespace(model, f"{first.dtype}/{len(kv_caches)}", block_size, tuple(first[:, 0].shape))
 
 
-def pack_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> list[memoryview]:
-    """Each block's bytes, one copy from the pool into one buffer (rows: blocks), no bytes object."""
-    out = torch.empty((len(block_ids), block_bytes(kv_caches)), dtype=torch.uint8)
+def pack_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], out: torch.Tensor) -> list[memoryview]:
+    """Each block's bytes as a row of `out` (uint8 [>= len(block_ids), block_bytes], host)."""
+    ids = torch.tensor(block_ids, device=kv_caches[0].device)
+    rows = out[:len(block_ids)]
     offset = 0
     for layer in kv_caches:
         shape, size = layer[:, 0].shape, layer[:, 0].numel() * layer.element_size()
-        for row, block_id in enumerate(block_ids):
-            out[row, offset:offset + size].view(layer.dtype).view(shape).copy_(layer[:, block_id])
+        target = rows[:, offset:offset + size].view(layer.dtype).view(len(block_ids), *shape)
+        target.copy_(layer.index_select(1, ids).transpose(0, 1))
         offset += size
-    rows = out.numpy()
-    return [memoryview(rows[row]) for row in range(len(block_ids))]
+    array = rows.numpy()
+    return [memoryview(array[row]) for row in range(len(block_ids))]
 
 
 def unpack_block(kv_caches: list[torch.Tensor], block_id: int, blob: bytes) -> None:
@@ -56,7 +58,8 @@ class TierStep:
 
     num_loaded: int = 0
     num_missed: int = 0
-    stores: list[tuple[bytes, memoryview]] = field(default_factory=list)  # (hash, contents)
+    stores: list[tuple[bytes, memoryview]] = field(default_factory=list)  # (hash, row of buffer)
+    buffer: torch.Tensor | None = None
 
 
 @dataclass
@@ -106,7 +109,7 @@ def apply_loads(kv_caches: list[torch.Tensor], block_size: int, plan: StepPlan, 
 
 
 def collect_stores(kv_caches: list[torch.Tensor], block_size: int, requests: dict, stores: list,
-                   step: TierStep) -> None:
+                   step: TierStep, buffers: PackBuffers) -> None:
     """Pack each block to store whose request now holds it computed (anything else is skipped:
     a block never reaches the tier unless this worker computed or loaded all its tokens)."""
     hashes, block_ids = [], []
@@ -117,10 +120,16 @@ def collect_stores(kv_caches: list[torch.Tensor], block_size: int, requests: dic
         hashes.append(block_hash)
         block_ids.append(state.block_ids[index])
     if block_ids:
-        step.stores.extend(zip(hashes, pack_blocks(kv_caches, block_ids), strict=True))
+        buffer = buffers.take(len(block_ids))
+        try:
+            step.stores.extend(zip(hashes, pack_blocks(kv_caches, block_ids, buffer), strict=True))
+        except BaseException:
+            buffers.give(buffer)
+            raise
+        step.buffer = buffer
 
 
-def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes]) -> tuple[StepResult, TierStep]:
+def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes], buffers: PackBuffers) -> tuple[StepResult, TierStep]:
     """worker.execute(plan) with the tier's loads before it and its stores packed after it."""
     step = TierStep()
     kv_caches, block_size = worker.pool.kv_caches, worker.block_size
@@ -128,5 +137,5 @@ def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes]) -> tuple[StepResu
     result = worker.execute(plan)
     result.num_tier_loaded_blocks, result.num_tier_missed_blocks = step.num_loaded, step.num_missed
     if plan.tier_stores or missed:
-        collect_stores(kv_caches, block_size, worker.requests, [*plan.tier_stores, *missed], step)
+        collect_stores(kv_caches, block_size, worker.requests, [*plan.tier_stores, *missed], step, buffers)
     return result, step

@@ -1,6 +1,5 @@
-"""The worker's writes to the offload tier, off the step's path: one thread with its own blocking
-Redis connection writes each step's packed blocks, in step order, straight from the pool's copy
-(no bytes joined on the event loop); the loop only awaits their futures when a result must wait."""
+"""The worker's tier writes, off the step's path: one thread with its own blocking Redis connection
+writes each step's packed blocks in step order, never joining them into one bytes object."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import asyncio
 import concurrent.futures
 import time
 from collections import deque
+from collections.abc import Callable
 
 from pagedserve.services.gpu_worker.tier_blocks import StoreTally
 from pagedserve.shared import kv_tier
@@ -16,18 +16,19 @@ from pagedserve.shared.streams import Keys
 
 class TierWriter:
     def __init__(self, client, keys: Keys, namespace: str) -> None:
-        self._client, self._keys, self._namespace = client, keys, namespace  # client: redis.Redis (blocking)
+        self._client, self._keys, self._namespace = client, keys, namespace
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tier-writer")
         self._pending: deque[tuple[int, asyncio.Future]] = deque()  # (step id, its writes), in step order
-        self.tally = StoreTally()  # writes finished since the last result took them (event loop only)
+        self.tally = StoreTally()
 
-    def submit(self, step_id: int, blocks: list[tuple[bytes, memoryview]]) -> None:
-        """Write a step's blocks after every block submitted before (call from the event loop)."""
+    def submit(self, step_id: int, blocks: list[tuple[bytes, memoryview]], done: Callable[[], None]) -> None:
+        """Write a step's blocks after those submitted before; done() once written or not."""
         num_bytes = sum(len(contents) for _h, contents in blocks)
         future = asyncio.wrap_future(self._thread.submit(self._write, blocks))
 
-        def count(done: asyncio.Future) -> None:
-            seconds = None if done.cancelled() or done.exception() else done.result()
+        def count(written: asyncio.Future) -> None:
+            done()
+            seconds = None if written.cancelled() or written.exception() else written.result()
             if seconds is not None:
                 self.tally.add(len(blocks), num_bytes, seconds)
 
@@ -41,7 +42,6 @@ class TierWriter:
         return None
 
     async def wait_through(self, step_id: int, timeout_s: float) -> None:
-        """Until the writes of every step up to step_id are done; past timeout_s, no longer."""
         due = [future for step, future in self._pending if step <= step_id and not future.done()]
         # step ids restart with a restarted scheduler: a write is forgotten once done, not by order
         self._pending = deque((step, f) for step, f in self._pending if step > step_id and not f.done())

@@ -49,20 +49,21 @@ def taken(writer: TierWriter) -> tuple[int, int]:
 
 
 def test_a_result_waits_for_the_writes_of_the_steps_up_to_the_one_it_names():
-    client = GatedClient()
+    client, released = GatedClient(), []
     writer = TierWriter(client, Keys("t"), "ns")
 
     async def scenario():
-        writer.submit(1, blocks(b"a", b"b"))
-        writer.submit(2, blocks(b"c"))
+        writer.submit(1, blocks(b"a", b"b"), lambda: released.append(1))
+        writer.submit(2, blocks(b"c"), lambda: released.append(2))
         await writer.wait_through(0, 5.0)  # names no step with writes: returns at once
-        assert client.written == [] and writer.num_pending() == 2 and taken(writer) == (0, 0)
+        assert client.written == released == [] and writer.num_pending() == 2 and taken(writer) == (0, 0)
         client.gate.set()
         await writer.wait_through(1, 5.0)
         assert [key for key, _ in client.written][:2] == ["t:kvtier:ns:61", "t:kvtier:ns:62"]
         await writer.wait_through(2, 5.0)
         assert [value for _, value in client.written] == [b"aaaa", b"bbbb", b"cccc"]
         assert writer.num_pending() == 0 and taken(writer) == (3, 12) and taken(writer) == (0, 0)
+        assert released == [1, 2]
 
     asyncio.run(scenario())
     writer.close()
@@ -74,8 +75,8 @@ def test_step_ids_that_start_again_after_a_scheduler_restart_are_still_waited_fo
     writer = TierWriter(client, Keys("t"), "ns")
 
     async def scenario():
-        writer.submit(500, blocks(b"a"))
-        writer.submit(1, blocks(b"b"))
+        writer.submit(500, blocks(b"a"), lambda: None)
+        writer.submit(1, blocks(b"b"), lambda: None)
         client.gate.set()
         await writer.wait_through(1, 5.0)  # in step order: step 500's write went first
         assert [value for _, value in client.written] == [b"aaaa", b"bbbb"] and writer.num_pending() == 0
@@ -84,15 +85,15 @@ def test_step_ids_that_start_again_after_a_scheduler_restart_are_still_waited_fo
     writer.close()
 
 
-def test_a_refused_write_is_logged_and_not_counted():
-    client = GatedClient(redis.exceptions.ConnectionError("gone"))
+def test_a_refused_write_is_logged_and_not_counted_and_frees_its_buffer():
+    client, released = GatedClient(redis.exceptions.ConnectionError("gone")), []
     client.gate.set()
     writer = TierWriter(client, Keys("t"), "ns")
 
     async def scenario():
-        writer.submit(1, blocks(b"a"))
+        writer.submit(1, blocks(b"a"), lambda: released.append(1))
         await writer.wait_through(1, 5.0)
-        assert client.written == [] and taken(writer) == (0, 0)
+        assert client.written == [] and taken(writer) == (0, 0) and released == [1]  # its buffer is free again
 
     asyncio.run(scenario())
     writer.close()
