@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedserve.shared.block_hash import hash_full_blocks, root_hash
 from pagedserve.shared.messages import KEY_BYTES
 
 PREDICTED_TTL_S = 30.0
@@ -22,11 +21,6 @@ PRUNE_EVERY = 4096  # predictions recorded between two sweeps of the expired one
 # a tier block's cost as a fraction of prefilling it: a load is one MGET and a copy of the block's
 # bytes, a prefill the whole model over its 16 tokens (docs/benchmarks.md, issue 28)
 TIER_LOAD_WEIGHT = 0.1
-
-
-def block_keys(token_ids: Sequence[int], block_size: int, model: str, cache_salt: str = "") -> list[bytes]:
-    root = root_hash((model, cache_salt))
-    return [h[:KEY_BYTES] for h in hash_full_blocks(token_ids, block_size, root)]
 
 
 def split_keys(blob: bytes) -> list[bytes]:

@@ -13,12 +13,12 @@ from pagedserve.services.scheduler.placement import (
     Candidate,
     PrefixIndex,
     Router,
-    block_keys,
     split_keys,
 )
 from pagedserve.shared.config_error import ConfigError
 from pagedserve.shared.messages import AllocCandidate, AllocRequest
 from pagedserve.shared.scheduler_config import SchedulerConfig
+from tests.scaleout.block_keys import block_keys
 
 BS = 4
 

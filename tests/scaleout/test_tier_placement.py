@@ -4,7 +4,8 @@ tier spreads its requests over workers sooner than one only a single pool holds.
 
 from __future__ import annotations
 
-from pagedserve.services.scheduler.placement import TIER_LOAD_WEIGHT, Candidate, Router, block_keys
+from pagedserve.services.scheduler.placement import TIER_LOAD_WEIGHT, Candidate, Router
+from tests.scaleout.block_keys import block_keys
 from tests.scaleout.test_placement import costs_of
 
 

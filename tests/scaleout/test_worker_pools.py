@@ -4,8 +4,8 @@ joins and drops touch no other worker, replies carry their pool's KV events."""
 from __future__ import annotations
 
 from pagedserve.services.kvstore.worker_pools import WorkerPools
-from pagedserve.services.scheduler.placement import block_keys
 from pagedserve.shared.messages import ALLOC_OK, AllocCandidate, AllocRequest, WorkerHello
+from tests.scaleout.block_keys import block_keys
 
 
 def hello(worker_id: str, num_blocks: int = 8) -> WorkerHello:
