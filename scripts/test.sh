@@ -5,4 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 python3 -m ruff check shared services tests
-python3 -m pytest -q --durations=15 "$@"
+report="${PAGEDSERVE_TEST_REPORT:-/tmp/pagedserve-tests.xml}"  # per-test times, summed per module below
+status=0
+python3 -m pytest -q --durations=15 --junitxml="$report" "$@" || status=$?
+python3 scripts/test_times.py "$report" || true
+exit "$status"

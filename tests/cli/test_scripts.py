@@ -98,3 +98,18 @@ def test_time_start_summarises_the_warm_runs():
                    "timeline_s": {"api_listening": 1.5, "ready": 4.0},
                    "worker_phases_s": {"imports": 1.0, "model": 2.0}, "worker_phases_cpu_s": {"imports": 0.5, "model": 0.9}}
     assert time_start.PHASE.search("startup phase model done in 4.29 s (CPU 1.03 s)").groups() == ("model", "4.29", "1.03")
+
+
+def test_test_times_sums_each_modules_tests_and_fixtures(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("test_times", REPO / "scripts" / "test_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = tmp_path / "report.xml"
+    report.write_text('<testsuites><testsuite name="pytest">'
+                      '<testcase classname="tests.api.test_a" name="t1" time="1.5"/>'
+                      '<testcase classname="tests.api.test_a.TestGroup" name="t2" time="2.0"/>'
+                      '<testcase classname="tests.test_b" name="t3" time="4.0"/>'
+                      '</testsuite></testsuites>')
+    assert module.module_times(str(report)) == [("tests/test_b.py", 4.0, 1), ("tests/api/test_a.py", 3.5, 2)]
+    assert module.main([str(report), "--top", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["     4.0  53.3%     1  tests/test_b.py"]
