@@ -39,6 +39,7 @@ class SamplingParams:
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100..100)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with this many top ones; None: none
+    min_tokens: int = 0  # EOS and stop_token_ids are masked out until this many tokens were generated
 
 
 @dataclass
@@ -186,6 +187,7 @@ class PromptLogprobs:
     request_id: str
     first: int
     tokens: list[SampledToken] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # each token's rank in its row (1: the most likely)
 
 
 @dataclass

@@ -97,9 +97,10 @@ class Detokenizer:
     """IncrementalDecoder + StopStringMatcher for one request."""
 
     def __init__(self, tokenizer, prompt_token_ids: list[int] | None = None, stop: list[str] | None = None,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, min_tokens: int = 0):
         self._decoder = IncrementalDecoder(tokenizer, prompt_token_ids, skip_special_tokens)
         self._matcher = StopStringMatcher(stop)
+        self._unchecked = min_tokens  # vLLM's min_tokens: the text of this many first tokens is never searched
 
     @property
     def stopped(self) -> bool:
@@ -109,7 +110,13 @@ class Detokenizer:
         """Feed one step's tokens; `finished`: the scheduler ended the request with them."""
         if self._matcher.stopped:
             return DetokenizedStep("", True)
-        text = self._matcher.add(self._decoder.add(token_ids))
+        text = ""
+        if self._unchecked:
+            early, token_ids = token_ids[:self._unchecked], token_ids[self._unchecked:]
+            self._unchecked -= len(early)
+            text = self._decoder.add(early)
+        if token_ids or not text:
+            text += self._matcher.add(self._decoder.add(token_ids))
         if finished and not self._matcher.stopped:
             text += self._matcher.add(self._decoder.flush())
             if not self._matcher.stopped:

@@ -66,7 +66,7 @@ def echoed_logprobs(request, gen, token_text, top_of) -> dict:
 
 def vllm_prompt_logprobs(request, gen, token_text) -> list[dict | None]:
     """vLLM's `prompt_logprobs`: None for the first token, then {token id: {logprob, rank, decoded_token}}
-    with the prompt's token and its top ones."""
+    with the prompt's token (its rank: how many tokens are at least as likely) and its top ones."""
     out: list[dict | None] = []
     k = request.prompt.prompt_logprobs or 0
     for i, token_id in enumerate(request.prompt_token_ids):
@@ -74,11 +74,11 @@ def vllm_prompt_logprobs(request, gen, token_text) -> list[dict | None]:
         if scored is None:
             out.append(None)
             continue
-        entry = {str(token_id): {"logprob": scored.logprob, "rank": None,
+        entry = {str(token_id): {"logprob": scored.logprob, "rank": gen.prompt_ranks.get(i),
                                  "decoded_token": token_text(gen.tokenizer, token_id)}}
         for rank, (t, lp) in enumerate((scored.top_logprobs or [])[:k], start=1):
             entry.setdefault(str(t), {"logprob": lp, "rank": rank, "decoded_token": token_text(gen.tokenizer, t)})
-            if t == token_id:
+            if t == token_id:  # as vLLM: among the top ones, its place there (equal but for ties)
                 entry[str(t)]["rank"] = rank
         out.append(entry)
     return out

@@ -59,7 +59,9 @@ class Generation:
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_cached_tokens = 0
         self.prompt_logprobs: dict[int, SampledToken] = {}  # prompt index -> its logprob (from 1), as computed
-        self._detok = Detokenizer(tokenizer, request.prompt_token_ids, request.stop)
+        self.prompt_ranks: dict[int, int] = {}  # prompt index -> its token's rank in the model's distribution
+        self._detok = Detokenizer(tokenizer, request.prompt_token_ids, request.stop,
+                                  min_tokens=request.sampling.min_tokens)
         self.outputs: asyncio.Queue | None = asyncio.Queue() if listen else None  # None: nobody listens here
         self._arrival = time.monotonic()
         self._last_token_time: float | None = None
@@ -119,6 +121,8 @@ class Generation:
             first = delta.prompt_logprobs.first
             for i, token in enumerate(delta.prompt_logprobs.tokens):
                 self.prompt_logprobs.setdefault(first + i, token)  # a recomputed chunk repeats them
+            for i, rank in enumerate(delta.prompt_logprobs.ranks):
+                self.prompt_ranks.setdefault(first + i, rank)
             if not delta.new_token_ids and delta.finish_reason is None:
                 return None
         now = time.monotonic()

@@ -84,6 +84,10 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
                        code="context_length_exceeded", param="max_tokens")
     sampling = _sampling(body, max_tokens, logprobs, info)
     sampling.guided = guided
+    sampling.min_tokens = _bounded(body.min_tokens, "min_tokens", 0, max_tokens)
+    if sampling.min_tokens and guided is not None:
+        raise ApiError(400, "min_tokens cannot be used with a structured output or constrained tools: the output "
+                       "ends where the grammar does", param="min_tokens")
     stop, priority, cache_salt = _stop_strings(body.stop), _bounded(body.priority, "priority", *_INT64), \
         _cache_salt(body.cache_salt)
     check_limits(limits, len(prompt_ids), max_tokens, prompt_field)

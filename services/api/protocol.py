@@ -56,6 +56,7 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0  # vLLM's: EOS, stop_token_ids and stop strings wait until this many tokens
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

@@ -160,13 +160,14 @@ class Worker:
         if sample_rows:
             sample_states = [self.requests[r] for r in sample_ids]
             params = [s.sampling for s in sample_states]
-            if masks is None and plain_greedy(params):  # the argmax straight from the model's logits
+            num_outputs = [len(s.token_ids) - s.num_prompt_tokens for s in sample_states]
+            if masks is None and plain_greedy(params, num_outputs):  # the argmax straight from the model's logits
                 tokens = self._greedy(hidden[sample_rows])
                 rows = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
             else:
                 logits = self.model.compute_logits(hidden[sample_rows])
                 rows = sample(logits, params, sample_ids, draft_histories(sample_ids, sample_states),
-                              [s.num_prompt_tokens for s in sample_states], masks)
+                              [s.num_prompt_tokens for s in sample_states], masks, self.model_config.eos_token_ids)
             result.sampled, result.draft_tokens = accept_drafts(rows, [s.draft_token_ids for s in sample_states])
             accepted = {}
             for token in result.draft_tokens:

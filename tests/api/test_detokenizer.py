@@ -124,3 +124,12 @@ def test_streaming_equals_cutting_the_full_text(tokenizer, pieces, stop_src, gro
     expected = full if cut < 0 else full[:cut]
     assert stopped == (cut >= 0)
     assert "".join(chunks) == expected
+
+
+def test_stop_strings_are_not_searched_in_the_first_min_tokens_tokens(tokenizer):
+    ids = tokenizer.encode("a b here c d here e")
+    first = len(tokenizer.encode("a b here"))
+    chunks, stopped = _stream(Detokenizer(tokenizer, stop=[" here"], min_tokens=first), ids)
+    assert stopped and "".join(chunks) == "a b here c d"
+    chunks, stopped = _stream(Detokenizer(tokenizer, stop=[" here"], min_tokens=first), ids, [len(ids)])
+    assert stopped and "".join(chunks) == "a b here c d"  # one step across the boundary

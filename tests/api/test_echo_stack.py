@@ -8,7 +8,7 @@ import openai
 import pytest
 import torch
 
-from pagedserve.services.gpu_worker.sampling.prompt_logprobs import prompt_span
+from pagedserve.services.gpu_worker.sampling.prompt_logprobs import PromptSpan, prompt_logprobs, prompt_span
 
 TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day in the park, and"
 
@@ -21,6 +21,13 @@ def test_prompt_spans_cover_each_prompt_token_once_across_chunks():
     assert covered == tokens[1:]
     assert prompt_span("r", 0, 40, 1, tokens + [7], 40, 2) is None  # a decode predicts no prompt token
     assert prompt_span("r", 0, 0, 16, tokens, 40, None) is None  # not asked
+
+
+def test_each_prompt_token_gets_its_rank_as_vllm_counts_it():
+    """Rank: how many tokens are at least as likely, itself included (1: the most likely)."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 5.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    [out] = prompt_logprobs(lambda hidden: hidden, logits, [PromptSpan("r", 0, 1, 3, [2, 1, 3], 0)])
+    assert out.ranks == [3, 2, 1] and out.first == 1 and [t.token_id for t in out.tokens] == [2, 1, 3]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +70,9 @@ def test_echo_then_generate_and_vllm_prompt_logprobs(oai, hf_logprobs, tokenizer
         assert abs(entry[str(ids[i])]["logprob"] - float(reference[i - 1, ids[i]])) < 1e-3
         top2 = reference[i - 1].topk(2).indices.tolist()
         assert all(str(t) in entry for t in top2) and len(entry) in (2, 3)
+        chosen, row = float(reference[i - 1, ids[i]]), reference[i - 1]  # its rank, up to float error
+        rank_low, rank_high = int((row > chosen + 1e-3).sum()) + 1, int((row >= chosen - 1e-3).sum())
+        assert rank_low <= entry[str(ids[i])]["rank"] <= rank_high
     chat = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
                                        extra_body={"prompt_logprobs": 0})
     assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 3

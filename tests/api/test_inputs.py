@@ -177,3 +177,14 @@ def test_cache_salt_is_bounded_and_prepared(tokenizer):
         assert (error.status, error.param) == (400, "cache_salt") and message in error.message
     error = _error(tokenizer, {"prompt": "hi", "cache_salt": 7})
     assert (error.status, error.code, error.param) == (400, "invalid_type", "cache_salt")
+
+
+def test_min_tokens_is_bounded_by_max_tokens_and_free_of_grammars(tokenizer):
+    assert _prepare(tokenizer, {"prompt": "hi", "max_tokens": 5, "min_tokens": 5}).sampling.min_tokens == 5
+    assert _prepare(tokenizer, {"messages": CHAT, "min_tokens": 3}).sampling.min_tokens == 3
+    for bad in ({"prompt": "hi", "max_tokens": 5, "min_tokens": 6}, {"prompt": "hi", "min_tokens": -1},
+                {"prompt": "hi", "min_tokens": 2, "guided_regex": "a+"},
+                {"messages": CHAT, "min_tokens": 2, "response_format": {"type": "json_object"}}):
+        error = _error(tokenizer, bad)
+        assert error.status == 400 and error.param == "min_tokens", bad
+    assert _error(tokenizer, {"prompt": "hi", "min_tokens": "2"}).param == "min_tokens"

@@ -38,11 +38,13 @@ def prompt_logprobs(compute_logits, hidden: torch.Tensor, spans: list[PromptSpan
     for span in spans:
         logprobs = compute_logits(hidden[span.row:span.row + span.count]).float().log_softmax(dim=1)
         targets = torch.tensor(span.targets, device=logprobs.device)
-        chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        chosen = logprobs.gather(1, targets.unsqueeze(1))
+        ranks = (logprobs >= chosen).sum(dim=1).tolist()  # as vLLM: tokens at least as likely, itself included
+        chosen = chosen.squeeze(1).tolist()
         tops = logprobs.topk(span.num_top, dim=1) if span.num_top > 0 else None
         tokens = []
         for i, (token_id, logprob) in enumerate(zip(span.targets, chosen, strict=True)):
             top = list(zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)) if tops else None
             tokens.append(SampledToken(span.request_id, token_id, logprob, top))
-        out.append(PromptLogprobs(span.request_id, span.first, tokens))
+        out.append(PromptLogprobs(span.request_id, span.first, tokens, ranks))
     return out

@@ -9,6 +9,7 @@ import torch
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.sampling.grammar import apply_bitmask
 from pagedserve.services.gpu_worker.sampling.logit_bias import apply_logit_bias
+from pagedserve.services.gpu_worker.sampling.min_tokens import apply_min_tokens, holds_stop_tokens
 from pagedserve.services.gpu_worker.sampling.noise import random_keys, seeded_key
 from pagedserve.services.gpu_worker.sampling.penalties import apply_penalties, has_penalty
 from pagedserve.services.gpu_worker.sampling.race import fused_kernel, race_tokens
@@ -23,9 +24,11 @@ def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]
     return keys
 
 
-def plain_greedy(params: list[SamplingParams]) -> bool:
+def plain_greedy(params: list[SamplingParams], num_output_tokens: list[int] | None = None) -> bool:
+    """Whether the argmax of the raw logits is every row's token; num_output_tokens: each row's
+    generated tokens (None: as if min_tokens were reached)."""
     return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) and not p.logit_bias
-               for p in params)
+               for p in params) and not (num_output_tokens and holds_stop_tokens(params, num_output_tokens))
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
@@ -38,16 +41,20 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
-           token_ids: list[list[int]], num_prompt_tokens: list[int], masks=None) -> list[SampledToken]:
+           token_ids: list[list[int]], num_prompt_tokens: list[int], masks=None,
+           eos_token_ids: list[int] = ()) -> list[SampledToken]:
     """logits [N, V] float32 -> a SampledToken per row; logprobs are after the grammar's mask, before
-    penalties, logit_bias and temperature. masks: the step's grammar masks (Grammars.start_masks),
-    joined here; the kernel's race reads a random row's mask itself and visits only its allowed tokens."""
+    penalties, logit_bias, min_tokens and temperature. masks: the step's grammar masks (Grammars.start_masks),
+    joined here; the kernel's race reads a random row's mask itself and visits only its allowed tokens.
+    eos_token_ids: the model's, masked (with stop_token_ids) in rows short of their min_tokens."""
     bitmask, masked = masks.result() if masks is not None else (None, [])
     fused = fused_kernel(logits) is not None
     # rows whose masked logits torch reads (greedy rows, logprobs), or every masked row without the kernel
     early = [i for i in masked if not fused or params[i].temperature <= 0.0 or params[i].logprobs is not None]
     apply_bitmask(logits, bitmask, early)
     processed = apply_logit_bias(apply_penalties(logits, params, token_ids, num_prompt_tokens), params)
+    processed = apply_min_tokens(processed, params, [len(t) - n for t, n in zip(token_ids, num_prompt_tokens,
+                                                                                strict=True)], eos_token_ids)
     # further logit processors chain here, each [N, V] float32 -> [N, V], rows it does not touch unchanged
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0.0]
     if len(random_rows) < len(params):
