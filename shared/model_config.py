@@ -3,10 +3,12 @@ GGUF header (same result)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedserve.shared.gemma_config import gguf_gemma_fields, hf_gemma_fields
 from pagedserve.shared.model_families import family, gguf_family
 
 # rope types the model implements; anything else is refused at load time, not silently wrong.
@@ -94,7 +96,7 @@ class ModelConfig:
         if hidden_act not in HIDDEN_ACTS:
             raise ValueError(f"hidden_act {hidden_act!r} not supported for {fam.name} ({', '.join(HIDDEN_ACTS)})")
         if fam.gemma:
-            gemma = _gemma_fields(config, fam)
+            gemma = hf_gemma_fields(config, fam)
             config = {**config, "rope_parameters": gemma.pop("rope_parameters")}
         else:
             gemma = {}
@@ -174,6 +176,8 @@ class ModelConfig:
             if token_id is not None and int(token_id) not in eos:
                 eos.append(int(token_id))
         bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
+        gemma = gguf_gemma_fields(functools.partial(_field, reader), arch, fam, int(hidden), int(num_heads),
+                                  int(head_dim), int(_field(reader, f"{arch}.block_count"))) if fam.gemma else {}
         return ModelConfig(
             vocab_size=int(vocab_size),
             hidden_size=int(hidden),
@@ -195,6 +199,7 @@ class ModelConfig:
             o_bias="blk.0.attn_output.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
             partial_rotary_factor=int(rotary_dim or head_dim) / int(head_dim),
+            **gemma,
         )
 
 
@@ -225,35 +230,6 @@ def _served_context(config: dict[str, Any], fam, rope_scaling: dict | None) -> t
     else:  # Mistral's and Phi-3's window applies to every layer; Qwen's only with use_sliding_window
         slides = config.get("use_sliding_window", fam.window_without_flag)
     return (int(window), "sliding_window") if slides and window and window < context else (context, source)
-
-
-def _gemma_fields(config: dict[str, Any], fam) -> dict[str, Any]:
-    """ModelConfig's Gemma fields, and the full-attention layers' rope_parameters (Gemma 3 keeps one
-    per layer type; older configs spell the local one rope_local_base_freq), as transformers reads them."""
-    if config.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention=true not supported (a decoder attends causally)")
-    num_layers = config["num_hidden_layers"]
-    every = config.get("sliding_window_pattern", fam.sliding_every)  # older configs' spelling
-    layer_types = config.get("layer_types") or [
-        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)]
-    params = config.get("rope_parameters")
-    local_theta = None
-    if fam.name == "gemma3_text":
-        local = {"rope_theta": float(config.get("rope_local_base_freq", 10000.0))}
-        if params is None or "full_attention" not in params:
-            params = dict(params or config.get("rope_scaling") or {})
-            params.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
-        else:
-            params, local = dict(params["full_attention"]), params.get("sliding_attention") or local
-        if local.get("rope_type", "default") != "default":
-            raise ValueError(f"sliding layers' rope_type {local['rope_type']!r} not supported (default)")
-        local_theta = float(local["rope_theta"])
-    scalar = config.get("query_pre_attn_scalar")
-    return dict(
-        rope_parameters=params, norm_offset=1.0, sandwich_norms=True, embed_scale=config["hidden_size"] ** 0.5,
-        query_pre_attn_scalar=None if scalar is None else float(scalar),
-        attn_softcap=config.get("attn_logit_softcapping"), final_softcap=config.get("final_logit_softcapping"),
-        sliding_window=config.get("sliding_window"), layer_types=list(layer_types), rope_local_theta=local_theta)
 
 
 def _as_id_list(value: int | list[int] | None) -> list[int]:

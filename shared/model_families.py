@@ -31,11 +31,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2", "qwen2", qkv_bias=True),
     Family("qwen3", "qwen3", qk_norm=True),
     Family("phi3", "phi3", fused_projections=True, window_without_flag=True),
-    Family("gemma2", "gemma2", gemma=True, sliding_every=2),  # HF folders only
-    Family("gemma3_text", "gemma3", qk_norm=True, gemma=True, sliding_every=6),  # HF folders only
+    Family("gemma2", "gemma2", gemma=True, sliding_every=2),
+    Family("gemma3_text", "gemma3", qk_norm=True, gemma=True, sliding_every=6),
 )}
 # a GGUF arch -> the family its tensors load as (Mistral GGUFs are arch "llama")
-GGUF_ARCHS: dict[str, Family] = {arch: FAMILIES[arch] for arch in ("llama", "qwen2", "qwen3", "phi3")}
+GGUF_ARCHS: dict[str, Family] = {f.gguf_arch: f for f in FAMILIES.values() if f.name != "mistral"}
 
 
 def family(model_type: str) -> Family:

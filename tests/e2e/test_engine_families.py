@@ -15,6 +15,7 @@ from tests.gpu_worker.family_checkpoints import (
     FAMILIES,
     GGUF_FAMILIES,
     VOCAB,
+    gguf_checkpoint,
     hf_checkpoint,
     hf_greedy,
     save_checkpoint,
@@ -80,7 +81,7 @@ def test_preempted_requests_match_transformers(family):
 
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, name):
-    hf_model = hf_checkpoint(name)
+    hf_model = gguf_checkpoint(name)
     path = tmp_path / f"{name}.gguf"
     hf_model.load_state_dict(write_gguf(hf_model, path, "Q8_0"), strict=False)  # the weights it holds
     prompts = _prompts()

@@ -39,7 +39,11 @@ FAMILIES = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}})),
 }
-GGUF_FAMILIES = sorted(set(FAMILIES) - {"gemma2", "gemma3"})  # Gemma: HF folders only
+GGUF_FAMILIES = sorted(FAMILIES)
+# what a GGUF can say (llama.cpp's Gemma converters): query_pre_attn_scalar is head_dim (below 27B),
+# Gemma 3's layers slide but every 6th
+GGUF_SHAPES = {"gemma2": dict(query_pre_attn_scalar=16),
+               "gemma3": dict(query_pre_attn_scalar=16, num_hidden_layers=6, layer_types=None)}
 
 
 def hf_checkpoint(name: str, seed: int = 0, **overrides):
@@ -53,6 +57,11 @@ def hf_checkpoint(name: str, seed: int = 0, **overrides):
                 if param_name.endswith("norm.weight"):
                     param.normal_(std=0.3)
     return model
+
+
+def gguf_checkpoint(name: str, seed: int = 0, **overrides):
+    """hf_checkpoint in a shape a GGUF header can describe."""
+    return hf_checkpoint(name, seed, **{**GGUF_SHAPES.get(name, {}), **overrides})
 
 
 def save_checkpoint(name: str, directory, seed: int = 0, **overrides):

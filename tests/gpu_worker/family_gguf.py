@@ -11,7 +11,11 @@ import gguf
 import numpy as np
 import torch
 
-_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+         "gemma2": "gemma2", "gemma3_text": "gemma3"}
+# Gemma's sandwich norms (llama.cpp's tensor_mapping.py); its ffn_norm is the one before the MLP
+_GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}
 _LAYER = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
           "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -52,12 +56,32 @@ def _tensor_type(type_name: str, hf_name: str) -> str:
     return "Q6_K" if hf_name.endswith(("lm_head.weight", "v_proj.weight", "down_proj.weight")) else "Q4_K"
 
 
-def _gguf_name(hf_name: str) -> str:
+def _gguf_name(hf_name: str, arch: str) -> str:
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    names = {**_LAYER, **_GEMMA_LAYER} if arch.startswith("gemma") else _LAYER
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
+def _write_gemma_header(writer, cfg, arch: str) -> None:
+    """What convert_hf_to_gguf.py's Gemma2Model / Gemma3Model add: the caps, the window (Gemma 3:
+    where a layer slides), Gemma 3's full layers' rope; no query_pre_attn_scalar, no local rope base."""
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        writer.add_sliding_window(cfg.sliding_window)
+        return
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if "sliding_attention" in cfg.layer_types:
+        writer.add_sliding_window(cfg.sliding_window)
 
 
 def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -101,6 +125,22 @@ def _write_tokenizer(writer, tokenizer, eot_token_id: int | None) -> None:
         writer.add_eot_token_id(eot_token_id)
 
 
+def _write_rope(writer, cfg, head_dim: int) -> None:
+    """Rope as the llama/qwen/phi3 converters write it: base, dims, llama3 factors, longrope's."""
+    rope = cfg.rope_parameters
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if rope.get("rope_type") == "longrope":  # as convert_hf_to_gguf.py's Phi3MiniModel
+        original = cfg.original_max_position_embeddings
+        scale = cfg.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_rope_scaling_orig_ctx_len(original)
+        for kind in ("long", "short"):
+            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], dtype=np.float32))
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
+
+
 def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token_id: int | None = None
                ) -> dict[str, torch.Tensor]:
     """Write the GGUF (2-D weights as type_name; a transformers fast tokenizer's vocabulary and
@@ -118,31 +158,27 @@ def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token
     if arch != "phi3":  # llama.cpp's Phi-3 converter writes no key_length: head_dim is hidden / heads
         writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    rope = cfg.rope_parameters
-    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    if rope.get("rope_type") == "longrope":  # as convert_hf_to_gguf.py's Phi3MiniModel
-        original = cfg.original_max_position_embeddings
-        scale = cfg.max_position_embeddings / original
-        writer.add_rope_scaling_attn_factors(1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original)))
-        writer.add_rope_scaling_orig_ctx_len(original)
-        for kind in ("long", "short"):
-            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], dtype=np.float32))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_vocab_size(cfg.vocab_size)
+    if arch.startswith("gemma"):
+        _write_gemma_header(writer, cfg, arch)
+    else:
+        _write_rope(writer, cfg, head_dim)
+    if arch == "phi3":  # 0 where config.json has none
+        writer.add_sliding_window(cfg.sliding_window or 0)
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     writer.add_eos_token_id(eos[0])
     if tokenizer is not None:
         _write_tokenizer(writer, tokenizer, eot_token_id)
-    if cfg.rope_parameters.get("rope_type") == "llama3":
-        writer.add_tensor("rope_freqs.weight", _rope_freqs(cfg, head_dim))
     held = {}
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         data = tensor.float().numpy()
+        if arch.startswith("gemma") and name.endswith("norm.weight"):  # the converter adds Gemma's 1
+            data = data + np.float32(1.0)
         qtype = gguf.GGMLQuantizationType[_tensor_type(type_name, name)]
         if data.ndim == 2 and qtype.name in K_QUANTS:  # random blocks stand in for the checkpoint's values
             data = random_blocks(qtype.name, *data.shape, seed=len(held), scale=_K_SCALES[qtype.name])
@@ -150,13 +186,14 @@ def write_gguf(hf_model, path, type_name: str = "F32", tokenizer=None, eot_token
         elif data.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(data, qtype)
             held[name] = torch.from_numpy(np.array(gguf.quants.dequantize(data, qtype), dtype=np.float32))
-        else:
-            held[name] = torch.from_numpy(data.copy())
+        else:  # what the loader reads back: Gemma's norms less their 1
+            held[name] = torch.from_numpy(data - np.float32(1.0) if arch.startswith("gemma") and name.endswith(
+                "norm.weight") else data.copy())
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             data = _permute(data, heads)  # whole rows move: the blocks along each row stay intact
         raw_dtype = None if data.dtype in (np.float32, np.float16) else qtype
-        writer.add_tensor(_gguf_name(name), data, raw_dtype=raw_dtype)
+        writer.add_tensor(_gguf_name(name, arch), data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -16,7 +16,7 @@ from pagedserve.services.gpu_worker.model.weights import dequantize_tensor
 from pagedserve.shared.model_config import ModelConfig
 from pagedserve.shared.model_reader import GGUF_TYPES, load_config, open_gguf
 from pagedserve.shared.tokenizer import load_tokenizer
-from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, hf_checkpoint, save_servable
+from tests.gpu_worker.family_checkpoints import GGUF_FAMILIES, VOCAB, gguf_checkpoint, hf_checkpoint, save_servable
 from tests.gpu_worker.family_gguf import K_QUANTS, random_blocks, write_gguf
 from tests.gpu_worker.test_model import BLOCK_SIZE, BLOCK_TABLE, NUM_BLOCKS, run_step
 
@@ -27,12 +27,12 @@ K_SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant r
 @pytest.mark.parametrize("type_name", WRITABLE)
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_gguf_logits_match_transformers_on_the_same_weights(tmp_path, name, type_name):
-    hf_model = hf_checkpoint(name)
+    hf_model = gguf_checkpoint(name)
     path = tmp_path / f"{name}-{type_name}.gguf"
     hf_model.load_state_dict(write_gguf(hf_model, path, type_name), strict=False)
     model = build_model(str(path))
-    assert model.config.architecture == ("llama" if name in ("llama3", "mistral") else name)
     arch = "llama" if name in ("llama3", "mistral") else name
+    assert model.config.architecture == {"gemma3": "gemma3_text"}.get(arch, arch)
     # Phi-3's context is longrope's original one, as from its folder
     context = "128 tokens \\(its phi3.rope.scaling.original_context_length" if name == "phi3" else \
         f"256 tokens \\(its {arch}.context_length"
@@ -91,14 +91,14 @@ def load_config_hf(hf_model) -> ModelConfig:
 
 
 def test_unsupported_gguf_architecture_is_refused_naming_the_supported(tmp_path):
-    writer = gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma3")
+    writer = gguf.GGUFWriter(str(tmp_path / "falcon.gguf"), "falcon")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"GGUF architecture 'gemma3' not supported \(supported: llama, qwen2, qwen3, "
-                                         r"phi3\)"):
-        load_config(str(tmp_path / "gemma.gguf"))
+    with pytest.raises(ValueError, match=r"GGUF architecture 'falcon' not supported \(supported: llama, qwen2, qwen3, "
+                                         r"phi3, gemma2, gemma3\)"):
+        load_config(str(tmp_path / "falcon.gguf"))
 
 
 def test_a_gguf_serves_its_own_tokenizer_template_and_eot(tmp_path, monkeypatch):
@@ -138,3 +138,16 @@ def test_k_quant_gguf_logits_match_transformers_on_the_same_weights(tmp_path, ty
                                            [(prompt, 0, BLOCK_TABLE)]))
     # 1e-4 of the largest logit (up to ~40 here: random K blocks make wide weights)
     assert (logits - expected).abs().max() < 1e-4 * max(1.0, expected.abs().max().item())
+
+
+def test_a_phi3_gguf_with_a_window_caps_the_context_as_its_folder(tmp_path):
+    """Phi-3's converter writes sliding_window (0 where there is none); every layer slides, so the
+    context is the window, as from the folder."""
+    hf_model = hf_checkpoint("phi3", sliding_window=64)
+    write_gguf(hf_model, tmp_path / "phi3.gguf")
+    config = load_config(str(tmp_path / "phi3.gguf"))
+    assert config.max_position_embeddings == load_config_hf(hf_model).max_position_embeddings == 64
+    with pytest.raises(ValueError, match=r"context of 64 tokens \(its phi3.attention.sliding_window\)"):
+        config.context_length(65)
+    write_gguf(hf_checkpoint("phi3"), tmp_path / "none.gguf")  # window 0: longrope's original context
+    assert load_config(str(tmp_path / "none.gguf")).max_position_embeddings == 128

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pagedserve.shared.model_config import ModelConfig
-from pagedserve.shared.model_families import FAMILIES
+from pagedserve.shared.model_families import FAMILIES, Family
 from pagedserve.shared.model_reader import check_gguf_types, hf_dir_config, open_gguf
 from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
 
@@ -36,6 +36,9 @@ _GGUF_LAYER_NAMES = {
     "attn_qkv": "self_attn.qkv_proj",  # Phi-3's [q; k; v]
 }
 _GGUF_FUSED_NAMES = {"ffn_up": "mlp.gate_up_proj"}  # Phi-3's ffn_up holds [gate; up]
+# Gemma's sandwich: ffn_norm is the norm before the MLP, not the one after attention
+_GGUF_SANDWICH_NAMES = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                        "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # read into the config (rope), not the state
 _GGUF_CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
@@ -81,8 +84,11 @@ def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for tensor in reader.tensors:
         if tensor.name in _GGUF_CONFIG_TENSORS:
             continue
-        name = _canonical_gguf_name(tensor.name, FAMILIES[config.architecture].fused_projections)
-        state[name] = torch.from_numpy(unpermute_if_rope_rows(name, dequantize_tensor(tensor), config))
+        name = _canonical_gguf_name(tensor.name, FAMILIES[config.architecture])
+        values = dequantize_tensor(tensor)
+        if config.norm_offset and name.endswith("norm.weight"):  # llama.cpp stores Gemma's as offset + w
+            values -= np.float32(config.norm_offset)
+        state[name] = torch.from_numpy(unpermute_if_rope_rows(name, values, config))
     return config, state
 
 
@@ -97,12 +103,16 @@ def unpermute_if_rope_rows(name: str, rows: np.ndarray, config: ModelConfig) -> 
     return rows
 
 
-def _canonical_gguf_name(gguf_name: str, fused: bool = False) -> str:
-    """The HF name of a GGUF tensor; fused: a family whose ffn_up is [gate; up] (Phi-3)."""
+def _canonical_gguf_name(gguf_name: str, family: Family | None = None) -> str:
+    """The HF name of a GGUF tensor of the family (None: names every family shares)."""
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    names = {**_GGUF_LAYER_NAMES, **_GGUF_FUSED_NAMES} if fused else _GGUF_LAYER_NAMES
+    names = dict(_GGUF_LAYER_NAMES)
+    if family is not None and family.fused_projections:
+        names.update(_GGUF_FUSED_NAMES)
+    if family is not None and family.gemma:
+        names.update(_GGUF_SANDWICH_NAMES)
     if match is None or match.group(2) not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r} (knows {', '.join(names)})")
     return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{match.group(3)}"
