@@ -2,7 +2,8 @@
 
 {prefix}:req:R is a hash ("meta" JSON, "submit" packed SubmitRequest); {prefix}:req:R:ev a stream
 of JSON events of one choice each, ids 0-<seq> (the resume cursor), both expiring record_ttl_s
-after the last write. text_offset/token_offset let a reader drop what it already has.
+after the last write. text_offset/token_offset let a reader drop what it already has. A chat with
+tools is read through tool_calls.ToolView: its calls' text held back, then parsed at the finish.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from pagedserve.services.api.tool_calls import ToolUse, ToolView
 from pagedserve.shared import redis_io
 from pagedserve.shared.codec import pack, unpack
 from pagedserve.shared.messages import SubmitRequest
@@ -142,8 +144,11 @@ class RecordStore:
             raise KeyError(request_id)
         meta = loaded[0]
         states = [ChoiceState() for _ in range(meta["n"])]
+        views = [tool_view(meta, request_id, i) for i in range(meta["n"])]
         for _seq, event in await self.events(request_id, upto=cursor) if cursor else []:
             states[event["index"]].take(event)
+            if views[event["index"]] is not None:
+                views[event["index"]].step(states[event["index"]].text, None)
         last, quiet_since = cursor, time.monotonic()
         while any(s.finish_reason is None for s in states):
             try:
@@ -158,6 +163,11 @@ class RecordStore:
             for seq, event in events:
                 last = seq
                 new = states[event["index"]].take(event)
+                view = views[event["index"]]
+                if new is not None and view is not None:
+                    new["text"], calls, new["finish_reason"] = view.step(states[event["index"]].text,
+                                                                         new.get("finish_reason"))
+                    new.update({"tool_calls": calls} if calls else {})
                 if new is not None:
                     yield seq, new
             for index, state in enumerate(states):
@@ -176,9 +186,22 @@ class RecordStore:
         return None
 
 
+def tool_view(meta: dict, request_id: str, index: int) -> ToolView | None:
+    """A tool-using request's view of choice index (its call ids the same on every read)."""
+    use = meta.get("tool_use")
+    return None if use is None else ToolView(ToolUse(use["mode"], parallel=use["parallel"]), f"{request_id}/{index}")
+
+
+def _choice(request_id: str, meta: dict, index: int, state: ChoiceState) -> dict:
+    view = tool_view(meta, request_id, index)
+    text, calls, finish = (state.text, [], state.finish_reason) if view is None else \
+        view.visible(state.text, state.finish_reason)
+    return {"index": index, "text": text, "token_ids": state.token_ids, "finish_reason": finish} \
+        | ({"tool_calls": calls} if calls else {}) | ({"error": state.error} if state.error else {})
+
+
 def snapshot_body(request_id: str, meta: dict, states: list[ChoiceState], num_prompt_tokens: int) -> dict:
-    per_choice = [{"index": i, "text": s.text, "token_ids": s.token_ids, "finish_reason": s.finish_reason}
-                  | ({"error": s.error} if s.error else {}) for i, s in enumerate(states)]
+    per_choice = [_choice(request_id, meta, i, s) for i, s in enumerate(states)]
     body = {"request_id": request_id, "object": "request", "created": meta["created"], "model": meta["model"],
             "status": status_of(states)}
     if len(per_choice) == 1:

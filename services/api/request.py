@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pagedserve.services.api.generation import Generation, Output
+from pagedserve.services.api.tool_calls import ToolUse
 from pagedserve.shared.messages import SamplingParams, SubmitRequest
 from pagedserve.shared.parallel_sampling import child_request_ids
 
 if TYPE_CHECKING:
     from pagedserve.services.api.echo import PromptEcho
-    from pagedserve.services.api.tool_calls import ToolUse
 
 
 @dataclass(eq=False)
@@ -46,10 +46,12 @@ class ApiRequest:
     @classmethod
     def adopted(cls, request_id: str, meta: dict, submit: SubmitRequest) -> ApiRequest:
         """A request an earlier run of this api submitted, rebuilt from its record (not opened yet)."""
+        use = meta.get("tool_use")
         return cls(kind=meta["kind"], model=meta["model"], request_id=request_id,
                    prompt_token_ids=list(submit.prompt_token_ids), sampling=submit.sampling,
                    stop=list(meta["stop"]), priority=submit.priority, tenant=submit.tenant,
-                   cache_salt=submit.cache_salt, created=meta["created"])
+                   cache_salt=submit.cache_salt, created=meta["created"],
+                   tool_use=None if use is None else ToolUse(use["mode"], parallel=use["parallel"]))
 
     def open(self, api_id: str, tokenizer, metrics, end: Callable[[Generation, str, str], None],
              listen: bool = True) -> ApiRequest:
@@ -62,8 +64,11 @@ class ApiRequest:
 
     def meta(self, api_id: str) -> dict:
         """The record's description of it (records.py); with the submission, enough to adopt it."""
-        return {"kind": self.kind, "model": self.model, "created": self.created, "n": len(self.gens),
+        meta = {"kind": self.kind, "model": self.model, "created": self.created, "n": len(self.gens),
                 "stop": self.stop, "logprobs": self.sampling.logprobs, "api_id": api_id, "tenant": self.tenant}
+        if self.tool_use is not None:  # how its readers parse its calls (records.py)
+            meta["tool_use"] = {"mode": self.tool_use.mode, "parallel": self.tool_use.parallel}
+        return meta
 
     def group_submit(self) -> SubmitRequest:
         """The one submission of all its sequences (the scheduler forks n > 1)."""

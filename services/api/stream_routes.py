@@ -1,6 +1,8 @@
 """REST submission (/v1/requests) and WebSocket streaming (/v1/stream, .../stream).
 
 Server messages: "delta" (index, text, token_ids), one "final" per choice, or "error" then close.
+A chat with tools streams as the OpenAI routes do (tool_calls.ToolView): a call's text is held back,
+and the final carries its `tool_calls` with finish_reason "tool_calls".
 Closing a /v1/stream socket aborts the request; leaving an attached stream does not (DELETE does).
 """
 
@@ -19,6 +21,7 @@ from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while
 from pagedserve.services.api.generation import Output
 from pagedserve.services.api.protocol import ApiError
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.tool_calls import ToolView
 
 log = logging.getLogger("pagedserve.api")
 router = APIRouter()
@@ -29,8 +32,8 @@ def _not_found(request_id: str) -> ApiError:
     return ApiError(404, f"no request {request_id!r} on this server", code="request_not_found")
 
 
-def delta_message(request: ApiRequest, index: int, out: Output) -> dict:
-    msg = {"type": "delta", "request_id": request.request_id, "seq": out.seq, "index": index, "text": out.text,
+def delta_message(request: ApiRequest, index: int, out: Output, text: str) -> dict:
+    msg = {"type": "delta", "request_id": request.request_id, "seq": out.seq, "index": index, "text": text,
            "token_ids": out.token_ids}
     if request.sampling.logprobs is not None:
         msg["logprobs"] = [{"token_id": s.token_id, "logprob": s.logprob, "top_logprobs": s.top_logprobs}
@@ -38,16 +41,22 @@ def delta_message(request: ApiRequest, index: int, out: Output) -> dict:
     return msg
 
 
-def final_message(request: ApiRequest, index: int, out: Output | None = None) -> dict:
+def final_message(request: ApiRequest, index: int, out: Output | None = None, finish_reason: str | None = None,
+                  calls: list[dict] | None = None) -> dict:
+    """finish_reason, calls: a tool-using choice's (ToolView), else its own finish and none."""
     gen = request.gens[index]
     msg = {"type": "final", "request_id": request.request_id, "seq": out.seq if out else request.seq, "index": index,
-           "finish_reason": gen.finish_reason, "usage": gen.usage()}
-    return msg | ({"error": out.error} if out is not None and out.error else {})
+           "finish_reason": finish_reason or gen.finish_reason, "usage": gen.usage()}
+    return msg | ({"tool_calls": calls} if calls else {}) | ({"error": out.error} if out is not None and out.error
+                                                              else {})
 
 
-def stream_messages(request: ApiRequest, index: int, out: Output) -> list[dict]:
-    msgs = [delta_message(request, index, out)] if out.text or out.token_ids else []
-    return msgs + ([final_message(request, index, out)] if out.finish_reason is not None else [])
+def stream_messages(request: ApiRequest, index: int, out: Output, view: ToolView | None = None) -> list[dict]:
+    """view: a tool-using choice's, which holds back its calls' text and parses them at the finish."""
+    text, calls, finish = (out.text, [], out.finish_reason) if view is None else \
+        view.step(request.gens[index].text, out.finish_reason)
+    msgs = [delta_message(request, index, out, text)] if text or out.token_ids else []
+    return msgs + ([final_message(request, index, out, finish, calls)] if finish is not None else [])
 
 
 DELETE_WAIT_S = 5.0  # how long DELETE waits for the abort to reach the record
@@ -65,7 +74,7 @@ def record_message(request_id: str, seq: int, event: dict) -> list[dict]:
     if event.get("finish_reason") is not None:
         msgs.append({"type": "final", "request_id": request_id, "seq": seq, "index": event["index"],
                      "finish_reason": event["finish_reason"], "usage": event.get("usage")}
-                    | ({"error": event["error"]} if event.get("error") else {}))
+                    | {key: event[key] for key in ("tool_calls", "error") if event.get(key)})
     return msgs
 
 
@@ -175,9 +184,10 @@ async def stream(websocket: WebSocket) -> None:
 
 async def _send_outputs(websocket: WebSocket, request: ApiRequest) -> None:
     finals_sent: set[int] = set()
+    views = [ToolView(request.tool_use) if request.tool_use else None for _ in request.gens]
     try:
         async for index, out in request.outputs():
-            for msg in stream_messages(request, index, out):
+            for msg in stream_messages(request, index, out, views[index]):
                 await websocket.send_json(msg)
             if out.finish_reason is not None:
                 finals_sent.add(index)

@@ -16,6 +16,7 @@ arguments its parameters schema allows (strict functions) or any JSON object, an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -153,8 +154,9 @@ def _system_prompt(use: ToolUse) -> str:
             "<args-json-object>}\n</tool_call>")
 
 
-def parse(text: str, use: ToolUse) -> tuple[str | None, list[dict]]:
-    """The model's text -> (content, OpenAI tool_calls); no call found: (text, [])."""
+def parse(text: str, use: ToolUse, ids_from: str | None = None) -> tuple[str | None, list[dict]]:
+    """The model's text -> (content, OpenAI tool_calls); no call found: (text, []). ids_from: the
+    calls' ids derive from it (the same on every read of a record), else they are random."""
     if use.mode == "auto":
         head, start, _ = text.partition(START)
         if not start:
@@ -173,9 +175,9 @@ def parse(text: str, use: ToolUse) -> tuple[str | None, list[dict]]:
         content = None
     if not use.parallel:
         raw = raw[:1]
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    calls = [{"id": _call_id(ids_from, k), "type": "function",
               "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", c.get("parameters", {})),
-                                                                       ensure_ascii=False)}} for c in raw]
+                                                                       ensure_ascii=False)}} for k, c in enumerate(raw)]
     return content, calls
 
 
@@ -187,6 +189,12 @@ def assistant_message(text: str, finish_reason: str | None, use: ToolUse | None)
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
+def _call_id(ids_from: str | None, k: int) -> str:
+    if ids_from is None:
+        return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{hashlib.sha256(f'{ids_from}/{k}'.encode()).hexdigest()[:24]}"
 
 
 def _loads(text: str):
@@ -205,3 +213,32 @@ def held_back(text: str) -> int:
         if START.startswith(text[-k:]):
             return len(text) - k
     return len(text)
+
+
+_PARSED_AT = ("stop", "length")  # an aborted or failed output is reported as it is
+
+
+@dataclass
+class ToolView:
+    """One choice's output as a streaming client of a tool-using request sees it: content up to where a
+    call starts (auto; none in required and named), then at the finish its calls, parsed."""
+
+    use: ToolUse
+    ids_from: str | None = None  # as parse's
+    sent: int = 0  # characters of the text already given as content
+
+    def visible(self, text: str, finish_reason: str | None) -> tuple[str, list[dict], str | None]:
+        """(content so far, calls, finish reason: "tool_calls" when it called any)."""
+        if finish_reason not in _PARSED_AT:
+            limit = held_back(text) if self.use.mode == "auto" else 0
+            return (text, [], finish_reason) if finish_reason is not None else (text[:limit], [], None)
+        _, calls = parse(text, self.use, self.ids_from)
+        if not calls:
+            return text, [], finish_reason
+        return (text[:held_back(text)] if self.use.mode == "auto" else ""), calls, "tool_calls"
+
+    def step(self, text: str, finish_reason: str | None) -> tuple[str, list[dict], str | None]:
+        """As visible, with only the content not given before."""
+        content, calls, finish = self.visible(text, finish_reason)
+        new, self.sent = content[self.sent:], max(self.sent, len(content))
+        return new, calls, finish

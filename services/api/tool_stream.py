@@ -5,32 +5,24 @@ openai client assembles as it does OpenAI's; then the finish ("tool_calls" when 
 from __future__ import annotations
 
 from pagedserve.services.api import openai_format as fmt
-from pagedserve.services.api import tool_calls
 from pagedserve.services.api.edge import CLIENT_GONE
 from pagedserve.services.api.generation import Output
 from pagedserve.services.api.request import ApiRequest
+from pagedserve.services.api.tool_calls import ToolView
 
 
 async def tool_events(request: ApiRequest):
-    use = request.tool_use
+    views = [ToolView(request.tool_use) for _ in request.gens]
     for index in range(len(request.gens)):
         yield fmt.sse(fmt.chat_role_chunk(request, index))
-    sent = [0] * len(request.gens)  # characters of each choice's text sent as content
     async for index, out in request.outputs():
-        text = request.gens[index].text
-        if out.finish_reason is None:
-            limit = tool_calls.held_back(text) if use.mode == "auto" else 0
-            if limit > sent[index]:
-                yield fmt.sse(_chunk(request, index, {"content": text[sent[index]:limit]}))
-                sent[index] = limit
-            continue
-        message, finish = tool_calls.assistant_message(text, out.finish_reason, use)
-        calls = message.get("tool_calls") or []
-        if not calls and len(text) > sent[index]:
-            yield fmt.sse(_chunk(request, index, {"content": text[sent[index]:]}))
+        content, calls, finish = views[index].step(request.gens[index].text, out.finish_reason)
+        if content:
+            yield fmt.sse(_chunk(request, index, {"content": content}))
         for k, call in enumerate(calls):
             yield fmt.sse(_chunk(request, index, {"tool_calls": [{"index": k, **call}]}))
-        yield fmt.sse(_chunk(request, index, {}, finish))
+        if finish is not None:
+            yield fmt.sse(_chunk(request, index, {}, finish))
     if request.why == CLIENT_GONE:
         return
     if request.include_usage:
