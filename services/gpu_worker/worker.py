@@ -76,15 +76,10 @@ class Worker:
         return self.pool.num_blocks
 
     def _backend_name(self) -> str:
-        """The configured backend; auto: triton on CUDA, torch elsewhere and for a model whose layers
-        slide or soft-cap (Gemma: only the torch and reference backends do)."""
-        windowed = self.model_config.windowed_attention
+        """The configured backend; auto: triton on CUDA, torch elsewhere (each has Gemma's windows and caps)."""
         name = self.config.attention_backend
         if name == "auto":
-            return "triton" if self.device.type == "cuda" and not windowed else "torch"
-        if windowed and name == "triton":
-            raise ValueError("attention_backend 'triton' has no sliding window or soft-capping, which this "
-                             f"model ({self.model_config.architecture}) needs: use torch (or auto)")
+            return "triton" if self.device.type == "cuda" else "torch"
         return name
 
     def _apply_plan(self, plan: StepPlan) -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.gpu_worker.test_attention import check_against_reference, make_step
+from tests.gpu_worker.test_attention import TOLERANCE, check_against_reference, make_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROWS_PER_TILE = 64  # triton_paged.ROWS_PER_TILE, not imported here so that triton is not
@@ -90,11 +90,51 @@ def int8_pool_quantizes_on_write_and_dequantizes_in_the_kernel(device):
             num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, shared_blocks=2, seed=16, device=device))
 
 
+def _windowed(requests, window, softcap, dtype, device, nan_before_windows=False, **shape):
+    """The backend's attend (window, softcap) on a make_step layout against the reference's on the
+    same data; nan_before_windows: NaN first fills every slot (of the backend's pool) before a
+    request's first window key."""
+    from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
+    from pagedserve.services.gpu_worker.attention.windowed import first_key
+
+    def attend(backend, on, plant):
+        meta, cache, q, k, v = make_step(requests, dtype=dtype, seed=17, device=on, **shape)
+        backend.write_kv(k, v, cache, meta)
+        block_size = cache.shape[2]
+        for i, (q_len, s_len) in enumerate(requests if plant else []):
+            for p in range(first_key(s_len, q_len, window)):
+                cache[:, int(meta.block_tables[i, p // block_size]), p % block_size] = float("nan")
+        return backend.attend(q, cache, meta, 0.3, window=window, softcap=softcap).cpu().float()
+
+    got, expected = attend(_backend(), device, nan_before_windows), attend(ReferenceBackend(), "cpu", False)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+
+
+def sliding_window_and_soft_cap_mixed_batch(device):
+    # decodes and chunks whose windows start mid-block, past a first key step, and window 1;
+    # a 70-token chunk (one kv head per group: 64-token tiles) whose last rows see no key in
+    # the tile's first step
+    requests = [(1, 11), (3, 12), (1, 40), (70, 80), (5, 5)]
+    for window, softcap in ((5, 5.0), (1, None), (16, None), (None, 2.0), (100, 50.0)):
+        for dtype in (torch.float32, torch.bfloat16):
+            _windowed(requests, window, softcap, dtype, device, block_size=4, num_heads=2, num_kv_heads=2,
+                      head_dim=16)
+
+
+def sliding_window_grouped_never_reads_keys_before_it(device):
+    requests = [(1, 45), (20, 60), (1, 17)]
+    _windowed(requests, 8, 50.0, torch.float32, device, nan_before_windows=True, block_size=16,
+              num_heads=9, num_kv_heads=3, head_dim=24)
+
+
 CASES = {f.__name__: f for f in (mixed_batch_block_size_4_with_shared_prefix,
                                  real_model_grouping_block_size_16, pure_decodes_multi_head,
                                  one_kv_head_and_head_dim_not_a_power_of_two,
                                  write_kv_only_touches_the_new_slots,
-                                 int8_pool_quantizes_on_write_and_dequantizes_in_the_kernel)}
+                                 int8_pool_quantizes_on_write_and_dequantizes_in_the_kernel,
+                                 sliding_window_and_soft_cap_mixed_batch,
+                                 sliding_window_grouped_never_reads_keys_before_it)}
 
 
 def run_cases_in_interpreter() -> None:

@@ -167,23 +167,20 @@ def test_windowed_attention_is_what_gemma_layers_need():
     assert not ModelConfig.from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 4096}).windowed_attention
 
 
-@pytest.mark.parametrize(("device", "asked", "chosen"), [("cuda", "auto", "torch"), ("cpu", "auto", "torch"),
-                                                         ("cuda", "reference", "reference"), ("cuda", "triton", None)])
-def test_a_gemma_worker_takes_a_backend_with_windows(device, asked, chosen):
+@pytest.mark.parametrize(("device", "asked", "chosen"), [("cuda", "auto", "triton"), ("cpu", "auto", "torch"),
+                                                         ("cuda", "reference", "reference"), ("cuda", "triton", "triton")])
+def test_a_gemma_worker_takes_any_backend_each_has_windows(device, asked, chosen):
     from types import SimpleNamespace
 
+    from pagedserve.services.gpu_worker.attention import BACKENDS, get_backend
     from pagedserve.services.gpu_worker.worker import Worker
 
     worker = SimpleNamespace(model_config=ModelConfig.from_hf_config(GEMMA3_1B), device=torch.device(device),
                              config=SimpleNamespace(attention_backend=asked))
-    if chosen is None:
-        with pytest.raises(ValueError, match="'triton' has no sliding window or soft-capping.*gemma3_text"):
-            Worker._backend_name(worker)
-    else:
-        assert Worker._backend_name(worker) == chosen
+    assert Worker._backend_name(worker) == chosen
     worker.model_config = ModelConfig.from_hf_config({**BASE, "model_type": "qwen3"})
-    plain = {"auto": "triton" if device == "cuda" else "torch"}.get(asked, asked)
-    assert Worker._backend_name(worker) == plain  # other families: as before
+    assert Worker._backend_name(worker) == chosen  # as for every family
+    assert all(get_backend(name).windowed for name in BACKENDS)  # each one's test checks its windows
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

@@ -98,7 +98,7 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
                      stride_ch, stride_bt, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr,
-                     GS: tl.constexpr):
+                     GS: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq + tile)
@@ -112,7 +112,7 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
     tok = q0 + r // GROUP
     head = kv_head * GROUP + r % GROUP
     row_ok = (r < BLOCK_Q * GROUP) & (tok < q_len)
-    pos = context + tok  # >= 0 for every row, so key 0 is visible and m_i is finite after step 1
+    pos = context + tok  # >= 0 for every row: without a window key 0 is visible, m_i finite after step 1
     d = tl.arange(0, D_PAD)
     d_ok = d < HEAD_DIM
     q_rows = (q_begin + tok).to(tl.int64)
@@ -125,8 +125,11 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     kv_end = tl.minimum(seq_len, context + q0 + BLOCK_Q)  # one past the tile's last position
+    kv_begin = 0
+    if WINDOW > 0:
+        kv_begin = tl.maximum(context + q0 - WINDOW + 1, 0)
     table = block_tables + seq.to(tl.int64) * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(kv_begin, kv_end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < kv_end
         block = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
@@ -141,11 +144,19 @@ def _paged_attention(Q, KC, VC, Out, block_tables, seq_lens, query_start, tile_s
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # log2 domain
+        if SOFTCAP > 0:  # cap * tanh(score / cap) on the natural-log score; tanh x = 1 - 2 / (e^2x + 1)
+            x = s * (1.0 / (_LOG2_E * SOFTCAP))
+            s = (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * (SOFTCAP * _LOG2_E)
         visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (n[None, :] > pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_safe = m_new
+        if WINDOW > 0:  # a row whose window starts past this step sees no key yet: subtract 0, not -inf
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
@@ -195,6 +206,7 @@ def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
 
 class TritonPagedBackend:
     name = "triton"
+    windowed = True  # attend takes window (keys t - p < window) and softcap (cap * tanh(s / cap))
 
     def __init__(self) -> None:
         self._plan: _Plan | None = None
@@ -216,7 +228,8 @@ class TritonPagedBackend:
             H_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
             QUANT=is_quantized(kv_cache), GS=group_size(head_dim))
 
-    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, query, kv_cache, meta: AttentionMetadata, scale: float, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         _check_device(kv_cache)
         query = _last_dim_dense(query)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -237,5 +250,5 @@ class TritonPagedBackend:
                 BLOCK_M=max(16, triton.next_power_of_2(launch.block_q * group)), BLOCK_N=BLOCK_N,
                 BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
                 UPCAST=INTERPRETED and query.dtype == torch.bfloat16, QUANT=is_quantized(kv_cache),
-                GS=group_size(head_dim))
+                GS=group_size(head_dim), WINDOW=window or 0, SOFTCAP=float(softcap or 0.0))
         return out
