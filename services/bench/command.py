@@ -13,7 +13,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help=f"{', '.join(WORKLOADS)} or FILE.json")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                        help="auto: bfloat16 where the CPU computes it natively (AVX-512 BF16/AMX), else float32")
+                        help="auto: bfloat16 where the CPU computes it natively (AVX-512 BF16/AMX) or on a GPU, "
+                             "else float32")
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     throughput.add_arguments(parser)
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kind in ("fairness", "codec", "sampler", "control-plane"):
         return {"fairness": fairness, "codec": codec, "sampler": sampler, "control-plane": control_plane}[args.kind].run(args)
     if args.dtype == "auto":  # resolved once, so every system of the run uses the same one
-        from pagedserve.services.gpu_worker.device import cpu_has_bf16
+        from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
 
-        args.dtype = "bfloat16" if cpu_has_bf16() else "float32"
+        args.dtype = str(resolve_dtype("auto", resolve_device(args.device))).removeprefix("torch.")
     return {"throughput": throughput, "serve": serve, "latency": latency, "profile": profile}[args.kind].run(args)

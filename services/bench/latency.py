@@ -41,7 +41,9 @@ def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[t
     from pagedserve.shared.config import EngineConfig
     from pagedserve.shared.messages import SamplingParams
 
-    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory))
+    engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                 gpu_memory_utilization=args.gpu_memory_utilization,
+                                 kv_cache_memory=args.kv_cache_memory))
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
     runs = []
     for r in requests:
