@@ -29,7 +29,8 @@ PROMPTS = [
     "List three fruits that are red.",
 ]
 SHORT = SamplingParams(max_tokens=16, temperature=0.0)
-LONG = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)  # long enough to kill mid-way
+LONG = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+ANCHOR = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)  # runs until aborted
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +70,26 @@ def api(stack):
 
 
 def _run_with_crash(stack, api, prompt_ids, reference, service: str) -> None:
-    """Submit LONG requests, SIGKILL `service` once tokens flow, restart it, finish."""
+    """Submit LONG requests and an anchor that cannot finish before the kill (so the kill lands
+    mid-generation however fast the machine), SIGKILL `service` once tokens flow, restart it, finish."""
     kv_before = stack.stats("kvstore") or {}
     ids = [api.submit(p, LONG) for p in prompt_ids]
+    anchor = api.submit(prompt_ids[0], ANCHOR)
     preemptions_before = stack.stats("scheduler")["num_preemptions_total"]
     api.wait(lambda: sum(len(api.outputs[r].token_ids) for r in ids) >= 2, 120, "first tokens")
     stack.kill(service)
-    unfinished = [r for r in ids if api.outputs[r].finish_reason is None]
-    assert unfinished, "every request finished before the kill: nothing was tested"
     stack.start(service)
     if service == "scheduler":
         api.drain()  # the dead scheduler's last deltas are all on the stream by now
-        assert api.resubmit_unfinished()
+        assert anchor in api.resubmit_unfinished()
     outputs = api.wait_finished(ids, timeout=180)
     assert [o.finish_reason for o in outputs] == ["length"] * len(ids)
     assert [o.token_ids for o in outputs] == reference["long"]
+    long = len(reference["long"][0])
+    api.wait(lambda: len(api.outputs[anchor].token_ids) >= long, 120, "the anchor's tokens")
+    assert api.outputs[anchor].token_ids[:long] == reference["long"][0]
+    api.abort(anchor)
+    api.wait_finished([anchor], timeout=60)
     stack.wait_kvstore_clean(since=kv_before)
     if service != "scheduler":  # the scheduler preempted its running requests to recompute them
         wait_for(lambda: stack.stats("scheduler")["num_preemptions_total"] > preemptions_before, 10,
