@@ -12,17 +12,16 @@ import httpx
 import pytest
 
 from tests.api.conftest import ApiProcess
-from tests.services.conftest import DEFAULT_ARGS, start_backend, wait_for
+from tests.services.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 MAX_EXAMPLES = 12  # per operation; the stack runs on two shared cores
 
 
 @pytest.fixture(scope="module")
-def fuzz_api(tmp_path_factory):
-    stack = start_backend(tmp_path_factory.mktemp("stack"),
-                          args={"worker": [*DEFAULT_ARGS["worker"], "--worker-id", "0"]})
-    api = ApiProcess(tmp_path_factory.mktemp("api"), stack.keys.prefix,
+def fuzz_api(backend, tmp_path_factory):
+    """An api of its own, with the small limits, on the suite's shared back-end."""
+    api = ApiProcess(tmp_path_factory.mktemp("api"), backend.keys.prefix,
                      args=["--max-output-tokens", "4", "--max-prompt-tokens", "64"])
     try:
         api.wait_healthy()
@@ -30,7 +29,7 @@ def fuzz_api(tmp_path_factory):
         yield api
     finally:
         api.close()
-        stack.close()
+    backend.wait_kvstore_clean(timeout=120)  # leaves the shared back-end idle
 
 
 def test_no_server_errors_over_the_schema(fuzz_api, tmp_path):
