@@ -11,7 +11,8 @@ import triton.language as tl
 from pagedserve.services.gpu_worker.attention.kv_quant import group_size, is_quantized
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
-_LOG2_E = 1.4426950408889634
+LOG2_E = 1.4426950408889634
+_LOG2_E = tl.constexpr(LOG2_E)  # compiled kernels read only constexpr globals
 # as seen by the triton.jit decorations below: kernels then run on CPU tensors
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ROWS_PER_TILE = 64  # target rows (token x group head) of a prefill tile
@@ -20,7 +21,7 @@ BLOCK_N = 32  # keys per inner step
 
 # --- int8 rows (kv_quant.py): D int8 values in groups of GS, then the groups' 12-bit scales
 # (float32 bits 19-30), a pair per 3 little-endian bytes: bits 0-11 the even group's ---
-_ROUND = 12582912.0  # 1.5 * 2**23: (x + _ROUND) - _ROUND rounds a float32 |x| < 2**22 half to even
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + _ROUND) - _ROUND rounds a float32 |x| < 2**22 half to even
 
 
 @triton.jit
@@ -243,7 +244,7 @@ class TritonPagedBackend:
         for launch in plan.launches:
             _paged_attention[(launch.tile_seq.numel(), num_kv_heads)](
                 query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens,
-                meta.query_start_loc, launch.tile_seq, launch.tile_q0, scale * _LOG2_E,
+                meta.query_start_loc, launch.tile_seq, launch.tile_q0, scale * LOG2_E,
                 query.stride(0), query.stride(1), out.stride(0), out.stride(1),
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
                 GROUP=group, BLOCK_Q=launch.block_q,
