@@ -1,6 +1,7 @@
 """Non-llama models through the whole stack: `pagedserve up --model DIR` on tiny random Qwen3 and
-Gemma 3 folders with their own tokenizers, chat templates and eos ids; a chat completion through
-the api returns the text of transformers' greedy tokens, stopping on the eos the model declares."""
+Gemma 3 folders (and a Gemma 3 GGUF) with their own tokenizers, chat templates and eos ids; a chat
+completion through the api returns the text of transformers' greedy tokens, stopping on the eos
+the model declares."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import httpx
 import pytest
 
 from tests.cli.helpers import REPO, START_TIMEOUT_S, base_env, free_port, pagedserve_argv, ready, wait_for
-from tests.gpu_worker.family_checkpoints import hf_greedy, save_servable
+from tests.gpu_worker.family_checkpoints import GGUF_SHAPES, hf_greedy, save_servable
+from tests.gpu_worker.family_gguf import write_gguf
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 24
@@ -37,9 +39,25 @@ def _expected(hf_model, hf_tokenizer, question: str, eos: set[int]) -> tuple[str
 def test_up_serves_a_folder_as_transformers_would(tmp_path, name):
     seed, eos, reasons = CASES[name]
     hf_model, hf_tokenizer = save_servable(name, tmp_path / name, seed=seed)
-    model_dir = str(tmp_path / name)
     expected = [_expected(hf_model, hf_tokenizer, q, eos) for q in QUESTIONS]
     assert [reason for _, reason in expected] == reasons
+    _serve_and_check(str(tmp_path / name), expected, tmp_path)
+
+
+def test_up_serves_a_gemma3_gguf_as_transformers_would(tmp_path):
+    """A Q8_0 Gemma 3 GGUF carrying its tokenizer, chat template and <end_of_turn> as eot id."""
+    hf_model, hf_tokenizer = save_servable("gemma3", tmp_path / "folder", seed=10,
+                                           **{**GGUF_SHAPES["gemma3"], "num_hidden_layers": 3})  # 3 sliding
+    path = tmp_path / "gguf" / "gemma3.gguf"
+    path.parent.mkdir()
+    hf_model.load_state_dict(write_gguf(hf_model, path, "Q8_0", tokenizer=hf_tokenizer, eot_token_id=4), strict=False)
+    expected = [_expected(hf_model, hf_tokenizer, q, {1, 4}) for q in QUESTIONS]
+    assert [reason for _, reason in expected] == ["stop"] * 3
+    _serve_and_check(str(path), expected, tmp_path)
+
+
+def _serve_and_check(model_dir: str, expected: list[tuple[str, str]], tmp_path) -> None:
+    """pagedserve up --model model_dir answers each of QUESTIONS with the expected (text, finish_reason)."""
     port = free_port()
     env = base_env(PAGEDSERVE_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("REDIS_URL", None)

@@ -78,7 +78,7 @@ SERVABLE = {"qwen2": ("qwen", 0, [2, 0]), "qwen3": ("qwen", 0, [0]), "llama3": (
             "gemma3": ("gemma", 1, [1, 4])}
 
 
-def save_servable(name: str, directory, seed: int = 0):
+def save_servable(name: str, directory, seed: int = 0, **overrides):
     """A whole model folder: the checkpoint (vocab 320) and its own tokenizer and chat template.
     Returns (transformers model, transformers tokenizer)."""
     from tests.gpu_worker.family_tokenizers import build_tokenizer
@@ -87,7 +87,7 @@ def save_servable(name: str, directory, seed: int = 0):
     tokenizer = build_tokenizer(style)
     bos = tokenizer.bos_token_id
     model = save_checkpoint(name, directory, seed, vocab_size=len(tokenizer), eos_token_id=config_eos,
-                            bos_token_id=bos, pad_token_id=tokenizer.pad_token_id)
+                            bos_token_id=bos, pad_token_id=tokenizer.pad_token_id, **overrides)
     if style == "gemma":  # a random model rarely ends a turn: lengthen its tied <end_of_turn> row
         with torch.no_grad():
             model.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids("<end_of_turn>")] *= 2.0
