@@ -1,7 +1,7 @@
 """Every supported family (tiny random transformers checkpoints from HF folders) through the
 in-process engine, float32 greedy: the same 32 tokens as transformers for 4 prompts sharing a
 prefix, run alone, batched with prefix caching, and through a pool small enough to preempt;
-and from the GGUF the `gguf` package writes of it (Q8_0), batched with prefix caching."""
+and from the GGUF the `gguf` package writes of it (Q8_0), batched with prefix caching and preempted."""
 
 from __future__ import annotations
 
@@ -80,14 +80,18 @@ def test_preempted_requests_match_transformers(family):
 
 
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
-def test_gguf_batched_with_prefix_caching_matches_transformers(tmp_path, name):
+def test_gguf_batched_with_prefix_caching_and_preempted_matches_transformers(tmp_path, name):
     hf_model = gguf_checkpoint(name)
     path = tmp_path / f"{name}.gguf"
     hf_model.load_state_dict(write_gguf(hf_model, path, "Q8_0"), strict=False)  # the weights it holds
     prompts = _prompts()
+    expected = [hf_greedy(hf_model, p, MAX_NEW_TOKENS) for p in prompts]
     engine = _engine(str(path))
-    outputs = engine.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outputs] == [hf_greedy(hf_model, p, MAX_NEW_TOKENS) for p in prompts]
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == expected
+    engine.block_manager.check_integrity()
+    engine = _engine(str(path), num_blocks=24)  # as test_preempted_requests_match_transformers
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == expected
+    assert engine.scheduler.stats().num_preemptions_total >= 1
     engine.block_manager.check_integrity()
 
 
