@@ -187,7 +187,6 @@ class RecordStore:
 
 
 def tool_view(meta: dict, request_id: str, index: int) -> ToolView | None:
-    """A tool-using request's view of choice index (its call ids the same on every read)."""
     use = meta.get("tool_use")
     return None if use is None else ToolView(ToolUse(use["mode"], parallel=use["parallel"]), f"{request_id}/{index}")
 

@@ -43,7 +43,6 @@ def delta_message(request: ApiRequest, index: int, out: Output, text: str) -> di
 
 def final_message(request: ApiRequest, index: int, out: Output | None = None, finish_reason: str | None = None,
                   calls: list[dict] | None = None) -> dict:
-    """finish_reason, calls: a tool-using choice's (ToolView), else its own finish and none."""
     gen = request.gens[index]
     msg = {"type": "final", "request_id": request.request_id, "seq": out.seq if out else request.seq, "index": index,
            "finish_reason": finish_reason or gen.finish_reason, "usage": gen.usage()}
@@ -52,7 +51,6 @@ def final_message(request: ApiRequest, index: int, out: Output | None = None, fi
 
 
 def stream_messages(request: ApiRequest, index: int, out: Output, view: ToolView | None = None) -> list[dict]:
-    """view: a tool-using choice's, which holds back its calls' text and parses them at the finish."""
     text, calls, finish = (out.text, [], out.finish_reason) if view is None else \
         view.step(request.gens[index].text, out.finish_reason)
     msgs = [delta_message(request, index, out, text)] if text or out.token_ids else []

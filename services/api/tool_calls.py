@@ -224,7 +224,7 @@ class ToolView:
     call starts (auto; none in required and named), then at the finish its calls, parsed."""
 
     use: ToolUse
-    ids_from: str | None = None  # as parse's
+    ids_from: str | None = None
     sent: int = 0  # characters of the text already given as content
 
     def visible(self, text: str, finish_reason: str | None) -> tuple[str, list[dict], str | None]:
@@ -238,7 +238,6 @@ class ToolView:
         return (text[:held_back(text)] if self.use.mode == "auto" else ""), calls, "tool_calls"
 
     def step(self, text: str, finish_reason: str | None) -> tuple[str, list[dict], str | None]:
-        """As visible, with only the content not given before."""
         content, calls, finish = self.visible(text, finish_reason)
         new, self.sent = content[self.sent:], max(self.sent, len(content))
         return new, calls, finish

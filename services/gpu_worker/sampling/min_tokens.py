@@ -12,14 +12,12 @@ from pagedserve.shared.messages import SamplingParams
 
 
 def banned_stop_tokens(p: SamplingParams, num_output_tokens: int, eos_token_ids) -> list[int]:
-    """The token ids row p may not sample after num_output_tokens generated ones."""
     if num_output_tokens >= p.min_tokens:
         return []
     return ([] if p.ignore_eos else list(eos_token_ids)) + list(p.stop_token_ids)
 
 
 def holds_stop_tokens(params: list[SamplingParams], num_output_tokens: list[int]) -> bool:
-    """Whether any row still has stop tokens to mask this step."""
     return any(n < p.min_tokens for p, n in zip(params, num_output_tokens, strict=True))
 
 

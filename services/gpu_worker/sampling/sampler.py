@@ -25,8 +25,7 @@ def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]
 
 
 def plain_greedy(params: list[SamplingParams], num_output_tokens: list[int] | None = None) -> bool:
-    """Whether the argmax of the raw logits is every row's token; num_output_tokens: each row's
-    generated tokens (None: as if min_tokens were reached)."""
+    """num_output_tokens: each row's generated tokens (None: as if min_tokens were reached)."""
     return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) and not p.logit_bias
                for p in params) and not (num_output_tokens and holds_stop_tokens(params, num_output_tokens))
 
