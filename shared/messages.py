@@ -5,6 +5,8 @@ Diffs, not state: a request's tokens reach the worker once (NewRequestData), the
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, field
 
 VERSION = 1
@@ -18,6 +20,15 @@ class GuidedDecoding:
 
     kind: str
     spec: str = ""
+
+    @property
+    def key(self) -> str:
+        return _grammar_key(self.kind, self.spec)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grammar_key(kind: str, spec: str) -> str:
+    return hashlib.sha256(f"{kind}\0{spec}".encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -163,6 +174,8 @@ class StepPlan:
     reset: bool = False  # drop every request's state before applying this plan
     tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)  # as AllocReply.tier_stores
     stores_lag: int = 0  # the result waits for the tier writes of steps <= step_id - stores_lag
+    # grammars to compile now, ahead of their requests, which the scheduler holds until compiled
+    compile_grammars: list[GuidedDecoding] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -207,6 +220,7 @@ class StepResult:
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
     # accepted draft tokens, each request's in order; they precede its token in `sampled`
     draft_tokens: list[SampledToken] = field(default_factory=list)
+    compiled_grammars: list[str] = field(default_factory=list)  # keys of plans' grammars compiled (or failed)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 
 log = logging.getLogger("pagedserve.worker")
+IDLE_COMPILE_WAIT_S = 0.02  # a step with nothing to run waits this long for a prefetched grammar
 
 
 @dataclass
@@ -117,9 +118,11 @@ class Worker:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        self.grammars.prefetch(plan.compile_grammars)
         scheduled = [r for r in self._apply_plan(plan) if self.requests[r].num_scheduled_tokens > 0]
         if not scheduled:
-            return StepResult(step_id=plan.step_id)
+            compiled = self.grammars.take_compiled(IDLE_COMPILE_WAIT_S)
+            return StepResult(step_id=plan.step_id, compiled_grammars=compiled)
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
@@ -146,7 +149,7 @@ class Worker:
         tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         masks = self.grammars.start_masks([self.requests[r].grammar for r in sample_ids])  # beside the forward
         hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
-        result = StepResult(step_id=plan.step_id)
+        result = StepResult(step_id=plan.step_id, compiled_grammars=self.grammars.take_compiled())
         if spans:
             result.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, spans)
         for state in states:

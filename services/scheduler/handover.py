@@ -45,5 +45,6 @@ def adopt(sched: Scheduler, request: Request) -> None:
     if request.num_tokens >= sched.max_model_len:
         raise ValueError(f"request {request.request_id!r} of {request.num_tokens} tokens exceeds max_model_len")
     request.arrival_seq = next(sched._arrival_seq)
+    sched.grammars.want(request.sampling.guided)
     sched._requests[request.request_id] = request
     sched._waiting.append(request)

@@ -13,6 +13,7 @@ from collections import deque
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
 from pagedserve.services.scheduler.displacement import pick_displaced
 from pagedserve.services.scheduler.fork import ForkGroups
+from pagedserve.services.scheduler.grammar_gate import GrammarGate
 from pagedserve.services.scheduler.policy import SchedulingPolicy
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_messages import (
@@ -85,12 +86,14 @@ class Scheduler:
         self.block_size = 0  # its pool's, from the worker's hello (workers.py); 0 until then
         self._forks = ForkGroups()
         self._speculator = Speculator(speculative_config)
+        self.grammars = GrammarGate()  # structured-output requests wait for their worker's compile
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         request.check_fresh(self.max_model_len)
         request.arrival_seq = next(self._arrival_seq)
+        self.grammars.want(request.sampling.guided)
         children = self._forks.make_children(request) if request.is_fork_parent else []
         if any(child.request_id in self._requests for child in children):
             self._forks.drop(request.request_id)
@@ -184,7 +187,8 @@ class Scheduler:
         step_id = self._next_step_id
         self._next_step_id += 1
         running = self.policy.order_running(self._running)
-        waiting = self.policy.order_waiting(list(self._waiting), list(self._running))
+        waiting = [r for r in self.policy.order_waiting(list(self._waiting), list(self._running))
+                   if not self.grammars.holds(r.sampling.guided)]
         victims = pick_displaced(self.policy, waiting, running, self.max_num_seqs, self.max_num_batched_tokens,
                                  self._refused_ids)
         if victims:
@@ -214,7 +218,7 @@ class Scheduler:
             raise ValueError("alloc reply does not answer exactly the candidates")
         self._pending = None
         plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores),
-                        stores_lag=self.max_steps_in_flight - 1)
+                        stores_lag=self.max_steps_in_flight - 1, compile_grammars=self.grammars.take_asks())
         in_flight = InFlightStep(pending.step_id)
         refused = [c.request_id for _, c in pending.candidates
                    if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]
@@ -285,6 +289,7 @@ class Scheduler:
         self._counters.num_tier_stored_blocks_total += result.num_tier_stored_blocks
         self._counters.tier_store_seconds_total += result.tier_store_seconds
         in_flight = self._in_flight.popleft()
+        self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []
         finished: list[Request] = []
         for entry in in_flight.scheduled:
@@ -338,6 +343,7 @@ class Scheduler:
         for request in self._requests.values():
             request.num_pending_tokens = 0
         self._forks.forget_forks()  # the kvstore is reset: no parent table is left to split
+        self.grammars.worker_lost([r.sampling.guided for r in self._requests.values()])
         moved = self.policy.order_running(self._running)
         moved += [r for r in self._running if r not in moved]
         self._preempt(moved)

@@ -57,3 +57,15 @@ def test_a_failing_grammar_leaves_its_row_unconstrained(grammars):
     good = grammars.sequence(GuidedDecoding("regex", "a"), [])
     _, rows, logits = _mask(grammars, [broken, good])
     assert rows == [1] and (logits[0] == 0).all() and (logits[1] == 0).sum() == 1
+
+
+def test_prefetched_grammars_are_reported_once_compiled_or_failed(grammars):
+    good, broken = GuidedDecoding("regex", "c[0-9]{3}"), GuidedDecoding("regex", "b(")
+    grammars.prefetch([good, broken])
+    reported = grammars.take_compiled(wait_s=30.0)
+    while len(reported) < 2:
+        reported += grammars.take_compiled(wait_s=30.0)
+    assert sorted(reported) == sorted([good.key, broken.key]) and grammars.take_compiled() == []
+    assert grammars.sequence(good, [])._compiled.done()  # the sequence finds it compiled: no step waits
+    grammars.prefetch([good])  # cached: reported at once
+    assert grammars.take_compiled() == [good.key]

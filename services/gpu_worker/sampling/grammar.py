@@ -1,7 +1,8 @@
 """Structured outputs on the worker (xgrammar): one matcher per sequence, a token bitmask per step.
 
 Grammars compile on their own thread the moment a plan names them, once per (kind, spec) (cached),
-so a new schema never runs on the step's thread (the first step that samples it waits for it). On a
+so a new schema never runs on the step's thread; the scheduler asks for them ahead (prefetch) and
+holds their requests until a result reports them compiled, so no step waits for one. On a
 GPU a step's masks are filled on another thread while the model's forward runs (on a CPU, after the
 forward), and the sampler joins them (sampler.sample; on a CPU its kernel races only over the allowed
 tokens). A matcher is state that never travels: a sequence seen anew (new, resumed after a
@@ -15,7 +16,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -86,6 +87,7 @@ class Grammars:
         self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._compiler: Future | None = None
         self._compiled: collections.OrderedDict[tuple[str, str], Future] = collections.OrderedDict()
+        self._watched: dict[str, Future] = {}  # prefetched, by key, until take_compiled reports them
 
     def _make_compiler(self):
         import xgrammar as xgr
@@ -101,6 +103,24 @@ class Grammars:
 
     def sequence(self, guided: GuidedDecoding, output_token_ids: list[int]) -> SequenceGrammar:
         """A new sequence's grammar; compiling starts now unless this spec was compiled before."""
+        return SequenceGrammar(self._future(guided), output_token_ids)
+
+    def prefetch(self, specs: list[GuidedDecoding]) -> None:
+        """Start compiling grammars a plan names ahead of their requests (StepPlan.compile_grammars)."""
+        for guided in specs:
+            self._watched[guided.key] = self._future(guided)
+
+    def take_compiled(self, wait_s: float = 0.0) -> list[str]:
+        """Keys of prefetched grammars whose compile ended (ok or not) since the last call; wait_s: how
+        long to wait for one when none has yet."""
+        if wait_s > 0 and self._watched and not any(f.done() for f in self._watched.values()):
+            wait(list(self._watched.values()), timeout=wait_s, return_when=FIRST_COMPLETED)
+        done = [key for key, f in self._watched.items() if f.done()]
+        for key in done:
+            del self._watched[key]
+        return done
+
+    def _future(self, guided: GuidedDecoding) -> Future:
         if self._compiler is None:
             self._compiler = self._compile_thread.submit(self._make_compiler)
         key = (guided.kind, guided.spec)
@@ -110,7 +130,7 @@ class Grammars:
             while len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(key)
-        return SequenceGrammar(compiled, output_token_ids)
+        return compiled
 
     def start_masks(self, grammars: list[SequenceGrammar | None]) -> Future | _Deferred | None:
         """The bitmask [rows, ceil(V/32)] int32 of a step's sampling rows (None where unconstrained),
