@@ -50,3 +50,18 @@ def test_launch_serves_the_model_asked_for_and_reports_cpu_per_step(tiny_model, 
     for service in ("api", "scheduler", "kvstore", "gpu_worker"):
         assert stack[f"cpu_ms_per_step_{service}"] >= 0
     assert stack["cpu_ms_per_step_api"] > 0 and stack["cpu_ms_per_step_gpu_worker"] > 0
+
+
+def test_latency_through_the_stack_reports_cpu_per_token(tiny_model, tmp_path):
+    out = tmp_path / "l.json"
+    proc = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "bench", "latency", "--launch", "--model",
+                           str(tiny_model), "--prompt-len", "20", "--output-len", "6", "--repeat", "2", "--dtype",
+                           "float32", "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = json.loads(out.read_text())
+    assert result["system"] == "pagedserve-stack" and result["runs"] == 2
+    assert result["steps"] >= 2 * 6  # one step a token, the warm-up's too
+    # clock ticks of 10 ms: one service's few ms may round to 0, never all of them
+    per_service = [result[f"cpu_ms_per_step_{s}"] for s in ("api", "scheduler", "kvstore", "gpu_worker")]
+    assert min(per_service) >= 0 and sum(per_service) > 0
+    assert "cpu_ms_per_step_scheduler" in proc.stdout
