@@ -57,7 +57,7 @@ versions=$($PY -c 'import sys, torch, triton, transformers; print(f"python {sys.
   echo
   echo "- device: $DEVICE${gpu:+ ($gpu)}; CPU cores: $(nproc)"
   echo "- $versions"
-  echo "- checkout: $(git rev-parse --short HEAD 2>/dev/null || echo "${GPU_CHECK_REV:-no git metadata}")"
+  echo "- checkout: ${GPU_CHECK_REV:-git HEAD there $(git rev-parse --short HEAD 2>/dev/null) (the working tree may differ)}"
   echo
   echo "| part | result | time | summary |"
   echo "|---|---|---|---|"
