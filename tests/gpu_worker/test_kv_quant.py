@@ -16,8 +16,9 @@ from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
 from pagedserve.shared.model_config import ModelConfig
 from tests.gpu_worker.test_attention import _cpu_meta, _prefill_kernel_supported, make_step, steps
 
-# the kernels sum in float32 in another order than the reference; bf16 queries round the output
-TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+# the kernels sum in another order than the reference and quantize the query to int16 (2^-16 of a
+# group max, about 4e-5 on these values); bf16 queries round the output
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
 
 
 def int8_step(**step):

@@ -28,6 +28,7 @@
 
 #include "cpu_decode_work.h"
 #include "cpu_decode_simd.h"
+#include "cpu_decode_int8.h"
 
 namespace {
 
@@ -208,10 +209,20 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
     }
   }
 #endif
+#if defined(PAGEDSERVE_DECODE_INT8)
+  if constexpr (std::is_same_v<kv_t, int8_t>) {
+    if (DecodeInt8Fn<scalar_t> fn = pick_int8<scalar_t>(D, G)) {
+      fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
+      return;
+    }
+  }
+#endif
 #if defined(PAGEDSERVE_DECODE_SIMD)
-  if (DecodeFn<scalar_t, kv_t> fn = pick_simd<scalar_t, kv_t>(D, G)) {
-    fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
-    return;
+  if constexpr (!std::is_same_v<kv_t, int8_t>) {
+    if (DecodeFn<scalar_t> fn = pick_simd<scalar_t>(D, G)) {
+      fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
+      return;
+    }
   }
 #endif
 

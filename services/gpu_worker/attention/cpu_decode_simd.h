@@ -19,9 +19,6 @@ struct Vec16 {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
   }
-  static T load(const int8_t* p) {  // int8 KV rows: 16 values sign-extended, then converted
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
@@ -57,9 +54,6 @@ struct Vec8 {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
   }
-  static T load(const int8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
@@ -82,28 +76,19 @@ struct Vec8 {
 // DV vectors per row, G query heads per KV head, both compile-time so that a group's query
 // rows and output accumulators (G * DV vectors each) stay in registers for a block (with 16
 // lanes; with 8 some spill to L1).
-// kv_t: the pool's storage, scalar_t or int8_t (KvRow: D values then their group scales); an
-// int8 vector is widened and multiplied by its group's scale in registers, one multiply per
-// vector, and the pool is read at half bf16's bytes.
-template <typename V, typename scalar_t, typename kv_t, int DV, int G>
-void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t* v_pool,
+// int8 pools take cpu_decode_int8.h's walk instead.
+template <typename V, typename scalar_t, int DV, int G>
+void decode_simd(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const scalar_t* v_pool,
                  const int32_t* tables, const int32_t* lens, const int64_t* rows, int64_t num_reqs,
                  int64_t q_stride, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
   constexpr int64_t D = V::kLanes * DV;
   const int64_t H = Hkv * G;
-  const int64_t token_stride = Hkv * KvRow<kv_t>::width(D);
+  const int64_t token_stride = Hkv * D;
   const int64_t block_elems = BS * token_stride;  // one block's K (or V): BS * Hkv * D contiguous
   // One work item per request: its blocks in order, each block's K and V fetched once (the
   // next block is prefetched while this one is computed: a request's blocks lie anywhere in
   // the pool, which the hardware prefetcher cannot guess), then per KV head the group's
   // scores, the online-softmax update and the PV sum with the accumulators in registers.
-  // vector i of a row, widened to float32 (int8: times its group's scale; D % 32 == 0 here, so a
-  // group of 32 is whole vectors)
-  const auto dequantized = [](const kv_t* row, int i) {
-    const typename V::T x = V::load(row + V::kLanes * i);
-    if constexpr (KvRow<kv_t>::kQuantized) return V::mul(x, V::set1(KvRow<kv_t>::scale(row, D, i * V::kLanes / 32)));
-    return x;
-  };
   WorkQueue queue(lens, num_reqs, BS);
   Partials partials(queue.num_parts(), H, D);
   on_every_thread([&] {
@@ -113,23 +98,16 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
       const int64_t r = item.r;
       const scalar_t* q_rows = q + rows[r] * q_stride;
       for (int64_t i = 0; i < H * D; ++i) qf[i] = widen(q_rows[i]) * scale;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kNoScore);
-      std::fill(l.begin(), l.end(), 0.f);
+      reset_item(acc, m, l);
       const int64_t len = lens[r];
       const int32_t* table = tables + r * max_blocks;
       for (int64_t b = item.begin; b < item.end; ++b) {
         const int64_t num_tokens = std::min(BS, len - b * BS);
-        const kv_t* k_block = k_pool + table[b] * block_elems;
-        const kv_t* v_block = v_pool + table[b] * block_elems;
-        if (b + 1 < item.end) {
-          const char* k_next = reinterpret_cast<const char*>(k_pool + table[b + 1] * block_elems);
-          const char* v_next = reinterpret_cast<const char*>(v_pool + table[b + 1] * block_elems);
-          for (int64_t off = 0; off < block_elems * int64_t(sizeof(kv_t)); off += 64) {
-            _mm_prefetch(k_next + off, _MM_HINT_T0);
-            _mm_prefetch(v_next + off, _MM_HINT_T0);
-          }
-        }
+        const scalar_t* k_block = k_pool + table[b] * block_elems;
+        const scalar_t* v_block = v_pool + table[b] * block_elems;
+        if (b + 1 < item.end)
+          prefetch_block(k_pool + table[b + 1] * block_elems, v_pool + table[b + 1] * block_elems,
+                         block_elems * int64_t(sizeof(scalar_t)));
         for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
           const int64_t h0 = kv_head * G;  // the group's first query head
           // GB heads of the group at a time: all G with 16 lanes (their rows fit in the
@@ -147,9 +125,9 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
                   for (int g = 0; g < GB; ++g) part[g][j] = V::set1(0.f);
                   continue;
                 }
-                const kv_t* k_row = k_block + (t0 + j) * token_stride + kv_head * KvRow<kv_t>::width(D);
+                const scalar_t* k_row = k_block + (t0 + j) * token_stride + kv_head * D;
                 typename V::T kt[DV];
-                for (int i = 0; i < DV; ++i) kt[i] = dequantized(k_row, i);
+                for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
                 for (int g = 0; g < GB; ++g) {
                   typename V::T s = V::mul(qv[g][0], kt[0]);
                   for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
@@ -174,9 +152,9 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
               for (int i = 0; i < DV; ++i) a[g][i] = V::mul(c, V::load(acc_g + V::kLanes * i));
             }
             for (int64_t t = 0; t < num_tokens; ++t) {
-              const kv_t* v_row = v_block + t * token_stride + kv_head * KvRow<kv_t>::width(D);
+              const scalar_t* v_row = v_block + t * token_stride + kv_head * D;
               typename V::T vt[DV];
-              for (int i = 0; i < DV; ++i) vt[i] = dequantized(v_row, i);
+              for (int i = 0; i < DV; ++i) vt[i] = V::load(v_row + V::kLanes * i);
               for (int g = 0; g < GB; ++g) {
                 const typename V::T w = V::set1(p[(g0 + g) * BS + t]);
                 for (int i = 0; i < DV; ++i) a[g][i] = V::fmadd(w, vt[i], a[g][i]);
@@ -187,51 +165,42 @@ void decode_simd(scalar_t* o, const scalar_t* q, const kv_t* k_pool, const kv_t*
           }
         }
       }
-      if (item.part >= 0) {
-        std::copy(acc.begin(), acc.end(), partials.acc(item.part));
-        partials.store_ml(item.part, m, l);
-        continue;
-      }
-      scalar_t* out_rows = o + rows[r] * H * D;
-      for (int64_t j = 0; j < H; ++j) {
-        const float inv = len > 0 ? 1.f / l[j] : 0.f;
-        for (int64_t d = 0; d < D; ++d) out_rows[j * D + d] = narrow<scalar_t>(acc[j * D + d] * inv);
-      }
+      partials.finish(item, acc, m, l, o + rows[r] * H * D);
     }
   });
   partials.merge(queue, o, rows);
 }
 
 // The vector instance for (D, G), or nullptr where none is compiled (then the portable loop).
-template <typename scalar_t, typename kv_t = scalar_t>
-using DecodeFn = void (*)(scalar_t*, const scalar_t*, const kv_t*, const kv_t*, const int32_t*,
+template <typename scalar_t>
+using DecodeFn = void (*)(scalar_t*, const scalar_t*, const scalar_t*, const scalar_t*, const int32_t*,
                           const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float);
 
-template <typename V, typename scalar_t, typename kv_t, int DV>
-DecodeFn<scalar_t, kv_t> pick_group(int64_t G) {
+template <typename V, typename scalar_t, int DV>
+DecodeFn<scalar_t> pick_group(int64_t G) {
   switch (G) {
-    case 1: return decode_simd<V, scalar_t, kv_t, DV, 1>;
-    case 2: return decode_simd<V, scalar_t, kv_t, DV, 2>;
-    case 3: return decode_simd<V, scalar_t, kv_t, DV, 3>;
-    case 4: return decode_simd<V, scalar_t, kv_t, DV, 4>;
-    case 5: return decode_simd<V, scalar_t, kv_t, DV, 5>;
-    case 6: return decode_simd<V, scalar_t, kv_t, DV, 6>;
-    case 7: return decode_simd<V, scalar_t, kv_t, DV, 7>;
-    case 8: return decode_simd<V, scalar_t, kv_t, DV, 8>;
+    case 1: return decode_simd<V, scalar_t, DV, 1>;
+    case 2: return decode_simd<V, scalar_t, DV, 2>;
+    case 3: return decode_simd<V, scalar_t, DV, 3>;
+    case 4: return decode_simd<V, scalar_t, DV, 4>;
+    case 5: return decode_simd<V, scalar_t, DV, 5>;
+    case 6: return decode_simd<V, scalar_t, DV, 6>;
+    case 7: return decode_simd<V, scalar_t, DV, 7>;
+    case 8: return decode_simd<V, scalar_t, DV, 8>;
     default: return nullptr;
   }
 }
 
-template <typename scalar_t, typename kv_t = scalar_t>
-DecodeFn<scalar_t, kv_t> pick_simd(int64_t D, int64_t G) {
+template <typename scalar_t>
+DecodeFn<scalar_t> pick_simd(int64_t D, int64_t G) {
 #if defined(__AVX512F__)
   using V = Vec16;
 #else
   using V = Vec8;
 #endif
-  if (D == 4 * V::kLanes) return pick_group<V, scalar_t, kv_t, 4>(G);
-  if (D == 8 * V::kLanes) return pick_group<V, scalar_t, kv_t, 8>(G);
-  if (D == 16 * V::kLanes) return pick_group<V, scalar_t, kv_t, 16>(G);
+  if (D == 4 * V::kLanes) return pick_group<V, scalar_t, 4>(G);
+  if (D == 8 * V::kLanes) return pick_group<V, scalar_t, 8>(G);
+  if (D == 16 * V::kLanes) return pick_group<V, scalar_t, 16>(G);
   return nullptr;
 }
 #endif

@@ -121,6 +121,21 @@ class Partials {
     std::copy(m.begin(), m.end(), m_.begin() + part * H_);
     std::copy(l.begin(), l.end(), l_.begin() + part * H_);
   }
+  // A work item's end: a slice's unnormalised (acc, m, l) into its part, a whole request's rows
+  // (acc / l, H * D from out_rows) into out
+  template <typename scalar_t>
+  void finish(const WorkItem& item, const std::vector<float>& acc, const std::vector<float>& m,
+              const std::vector<float>& l, scalar_t* out_rows) {
+    if (item.part >= 0) {
+      std::copy(acc.begin(), acc.end(), this->acc(item.part));
+      store_ml(item.part, m, l);
+      return;
+    }
+    for (int64_t j = 0; j < H_; ++j) {
+      const float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
+      for (int64_t d = 0; d < D_; ++d) out_rows[j * D_ + d] = narrow<scalar_t>(acc[j * D_ + d] * inv);
+    }
+  }
   template <typename scalar_t>
   void merge(const WorkQueue& queue, scalar_t* o, const int64_t* rows) const {
     std::vector<float> weight;
@@ -149,6 +164,22 @@ class Partials {
   int64_t H_, D_;
   std::vector<float> acc_, m_, l_;
 };
+
+// A work item's start: acc and l zero, m no score
+inline void reset_item(std::vector<float>& acc, std::vector<float>& m, std::vector<float>& l) {
+  std::fill(acc.begin(), acc.end(), 0.f);
+  std::fill(m.begin(), m.end(), kNoScore);
+  std::fill(l.begin(), l.end(), 0.f);
+}
+
+// A block's K and V (bytes each) into L1 while the one before is computed: a request's blocks
+// lie anywhere in the pool, which the hardware prefetcher cannot guess
+inline void prefetch_block(const void* k, const void* v, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) {
+    __builtin_prefetch(static_cast<const char*>(k) + off, 0, 3);
+    __builtin_prefetch(static_cast<const char*>(v) + off, 0, 3);
+  }
+}
 
 // Runs body() once on each of at::get_num_threads() threads; body drains a WorkQueue.
 template <typename F>

@@ -23,7 +23,8 @@ SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_p
            "gemv_f32": HERE / "cpu_gemv_f32.cpp", "head_argmax": HERE / "cpu_head_argmax.cpp",
            "sample": HERE / "cpu_sample.cpp"}
 # torch rebuilds on a source or compile-line change only, so these headers' hash goes on the compile line
-HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h"],
+HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h",
+                      ATTENTION / "cpu_decode_int8.h"],
            "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
 
 
