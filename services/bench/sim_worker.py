@@ -108,7 +108,7 @@ class SimWorker:
             self.window.steps += 1
             self.window.placements += len(plan.new_requests)
             self.window.tokens += len(sampled)
-        return StepResult(plan.step_id, sampled)
+        return StepResult(plan.step_id, sampled, compiled_grammars=[g.key for g in plan.compile_grammars])
 
 
 async def main_async(args: argparse.Namespace) -> None:
