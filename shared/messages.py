@@ -92,6 +92,7 @@ class AllocRequest:
     # a (re)started scheduler or a lost worker: forget every request, all blocks free
     reset: bool = False
     worker_id: str = ""  # whose pool: the kvstore keeps one per worker; step ids count per worker
+    tier_written: list[bytes] = field(default_factory=list)  # StepResult.tier_written since the last request
 
 
 ALLOC_OK = "ok"
@@ -217,6 +218,7 @@ class StepResult:
     num_tier_stored_blocks: int = 0  # writes to the tier finished since the last result
     tier_stored_bytes: int = 0
     tier_store_seconds: float = 0.0  # their pipelines' time, off the step's critical path
+    tier_written: list[bytes] = field(default_factory=list)  # hashes of planned stores written since the last result
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
     # accepted draft tokens, each request's in order; they precede its token in `sampled`
     draft_tokens: list[SampledToken] = field(default_factory=list)

@@ -110,6 +110,7 @@ class WorkerLoop:
         while True:
             result, stored_through = await results.get()
             await self.tier_writer.wait_through(stored_through, TIER_LOAD_TIMEOUT_S)
+            result.tier_written = self.tier_writer.take_written()
             while True:
                 try:
                     await redis_io.send(self.r, self.keys.worker_results, result)

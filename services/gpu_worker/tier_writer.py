@@ -20,6 +20,7 @@ class TierWriter:
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tier-writer")
         self._pending: deque[tuple[int, asyncio.Future]] = deque()  # (step id, its writes), in step order
         self.tally = StoreTally()
+        self._written: list[bytes] = []
 
     def submit(self, step_id: int, blocks: list[tuple[bytes, memoryview]], done: Callable[[], None]) -> None:
         """Write a step's blocks after those submitted before; done() once written or not."""
@@ -31,6 +32,7 @@ class TierWriter:
             seconds = None if written.cancelled() or written.exception() else written.result()
             if seconds is not None:
                 self.tally.add(len(blocks), num_bytes, seconds)
+                self._written.extend(block_hash for block_hash, _contents in blocks)
 
         future.add_done_callback(count)
         self._pending.append((step_id, future))
@@ -47,6 +49,10 @@ class TierWriter:
         self._pending = deque((step, f) for step, f in self._pending if step > step_id and not f.done())
         if due:
             await asyncio.wait(due, timeout=timeout_s)
+
+    def take_written(self) -> list[bytes]:
+        written, self._written = self._written, []
+        return written
 
     def num_pending(self) -> int:
         return sum(not future.done() for _step, future in self._pending)

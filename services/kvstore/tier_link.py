@@ -4,7 +4,9 @@ full blocks to store, and the pins that keep a block in the tier while a worker 
 A request's pins end when it frees its blocks, unless that comes so soon after its admission that
 the step that loads them may still run (steps run in order, at most STEPS_IN_FLIGHT behind the
 kvstore): then at the first step after that one. A block read anyway after its eviction is only
-computed instead (the worker's fallback), so this bounds work, not correctness."""
+computed instead (the worker's fallback), so this bounds work, not correctness. A block to store is
+a reservation until the worker's result says it is written (confirm()); one not confirmed within
+PENDING_STEPS steps of this pool is dropped, so no request ever loads a block before its bytes."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from pagedserve.services.kvstore.tier_index import TierIndex, TierKey
 
 STEPS_IN_FLIGHT = 2  # plans the scheduler may have sent ahead of the step a worker runs
+PENDING_STEPS = 16  # a confirmation takes about 3 steps (plan, write, result, next alloc)
 
 
 class TierLink:
@@ -25,6 +28,7 @@ class TierLink:
         self._pins: dict[str, tuple[int, list[TierKey]]] = {}  # request id -> (step admitted, entries it loads)
         self._released: list[tuple[int, list[TierKey]]] = []  # freed: (first step they may be unpinned, entries)
         self._stores: list[tuple[str, int, bytes]] = []  # (request id, block index, hash) to write
+        self._reserved: dict[TierKey, int] = {}  # stores planned, not confirmed: key -> step, oldest first
         self.num_hit_blocks = 0  # blocks admitted from the tier (loads planned)
         self.num_stored_blocks = 0  # blocks this pool was told to write
 
@@ -50,9 +54,17 @@ class TierLink:
         key = self.key(block_hash)
         if key in self.index:
             self.index.insert(key, self.block_bytes)  # a touch
-        elif self.index.insert(key, self.block_bytes):
+        elif self.index.reserve(key, self.block_bytes, self):
+            self._reserved.pop(key, None)
+            self._reserved[key] = self._step
             self._stores.append((request_id, block_index, block_hash))
             self.num_stored_blocks += 1
+
+    def confirm(self, block_hashes: Sequence[bytes]) -> None:
+        for block_hash in block_hashes:
+            key = self.key(block_hash)
+            self.index.confirm(key, self)
+            self._reserved.pop(key, None)
 
     def free(self, request_id: str) -> None:
         admitted, keys = self._pins.pop(request_id, (0, []))
@@ -69,6 +81,12 @@ class TierLink:
         self._released = [(safe_from, keys) for safe_from, keys in self._released if safe_from > self._step]
         for keys in due:
             self._unpin(keys)
+        while self._reserved:
+            key, step = next(iter(self._reserved.items()))
+            if step + PENDING_STEPS > self._step:
+                break
+            del self._reserved[key]
+            self.index.cancel(key, self)
 
     def _unpin(self, keys: list[TierKey]) -> None:
         for key in keys:
@@ -82,9 +100,15 @@ class TierLink:
         """The pool is gone (worker dropped or reset): every pin ends."""
         for _admitted, keys in [*self._pins.values(), *self._released]:
             self._unpin(keys)
+        for key in self._reserved:
+            self.index.cancel(key, self)
         self._pins.clear()
         self._released.clear()
         self._stores.clear()
+        self._reserved.clear()
+
+    def reserved(self) -> set[TierKey]:
+        return set(self._reserved)
 
     def num_pins(self) -> int:
         return sum(len(keys) for _step, keys in [*self._pins.values(), *self._released])

@@ -77,6 +77,8 @@ class WorkerPools:
             log.warning("alloc request for step %d of worker %s redelivered (last %d): dropped", step_id,
                         request.worker_id, pool.last_step_id)
             return None
+        if pool.manager.tier is not None and request.tier_written:  # before a reset ends its reservations
+            pool.manager.tier.confirm(request.tier_written)
         if not request.reset and not pool.synced:
             log.warning("alloc request for step %d of worker %s before the scheduler's reset: refused", step_id,
                         request.worker_id)
@@ -134,6 +136,10 @@ class WorkerPools:
                 num_pins = sum(p.manager.tier.num_pins() for p in self.pools.values() if p.manager.tier)
                 num_readers = sum(self.tier.readers(key) for key in self.tier.keys())
                 assert num_pins == num_readers, f"tier: {num_readers} readers but the pools hold {num_pins} pins"
+                reserved = {id(p.manager.tier): p.manager.tier.reserved() for p in self.pools.values()
+                            if p.manager.tier is not None}
+                for key, owner in self.tier.pending_owners().items():
+                    assert key in reserved.get(id(owner), ()), f"tier: reservation {key[1].hex()[:8]} of no live pool"
             except AssertionError as e:
                 return f"offload tier: {e or 'integrity check failed'}"
         return None

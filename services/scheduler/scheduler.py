@@ -77,6 +77,7 @@ class Scheduler:
         self._arrival_seq = itertools.count()
         self._next_step_id = 0
         self._free_request_ids: list[str] = []
+        self._tier_written: list[bytes] = []
         self._worker_finished_ids: list[str] = []
         self._abort_deltas: list[RequestDelta] = []
         self._aborts_after_alloc: list[str] = []
@@ -137,7 +138,7 @@ class Scheduler:
         return bool(self._requests)
 
     def has_finished_requests(self) -> bool:
-        return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas)
+        return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas or self._tier_written)
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
@@ -206,8 +207,9 @@ class Scheduler:
         )
         self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
+        written, self._tier_written = self._tier_written, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
-                            forks=self._forks.take_forks())
+                            forks=self._forks.take_forks(), tier_written=written)
 
     def on_alloc(self, reply: AllocReply) -> StepPlan:
         pending = self._pending
@@ -288,6 +290,7 @@ class Scheduler:
         self._counters.tier_stored_bytes_total += result.tier_stored_bytes
         self._counters.num_tier_stored_blocks_total += result.num_tier_stored_blocks
         self._counters.tier_store_seconds_total += result.tier_store_seconds
+        self._tier_written += result.tier_written
         in_flight = self._in_flight.popleft()
         self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []

@@ -1,5 +1,6 @@
 """The worker's tier writes on their own thread (services/gpu_worker/tier_writer.py): a result
-waits exactly for the writes of the steps it names, in step order; a refused write is not counted."""
+waits exactly for the writes of the steps it names, in step order, and names the blocks written
+(the kvstore makes them loadable then); a refused write is neither counted nor named."""
 
 from __future__ import annotations
 
@@ -57,13 +58,17 @@ def test_a_result_waits_for_the_writes_of_the_steps_up_to_the_one_it_names():
         writer.submit(2, blocks(b"c"), lambda: released.append(2))
         await writer.wait_through(0, 5.0)  # names no step with writes: returns at once
         assert client.written == released == [] and writer.num_pending() == 2 and taken(writer) == (0, 0)
+        assert writer.take_written() == []
         client.gate.set()
         await writer.wait_through(1, 5.0)
+        written = writer.take_written()
+        assert written[:2] == [b"a", b"b"]
         assert [key for key, _ in client.written][:2] == ["t:kvtier:ns:61", "t:kvtier:ns:62"]
         await writer.wait_through(2, 5.0)
         assert [value for _, value in client.written] == [b"aaaa", b"bbbb", b"cccc"]
         assert writer.num_pending() == 0 and taken(writer) == (3, 12) and taken(writer) == (0, 0)
-        assert released == [1, 2]
+        assert released == [1, 2] and written + writer.take_written() == [b"a", b"b", b"c"]
+        assert writer.take_written() == []
 
     asyncio.run(scenario())
     writer.close()
@@ -94,6 +99,7 @@ def test_a_refused_write_is_logged_and_not_counted_and_frees_its_buffer():
         writer.submit(1, blocks(b"a"), lambda: released.append(1))
         await writer.wait_through(1, 5.0)
         assert client.written == [] and taken(writer) == (0, 0) and released == [1]  # its buffer is free again
+        assert writer.take_written() == []  # its reservation times out in the kvstore
 
     asyncio.run(scenario())
     writer.close()

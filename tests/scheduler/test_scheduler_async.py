@@ -159,3 +159,16 @@ def test_a_result_waits_only_for_the_tier_writes_of_steps_the_scheduler_no_longe
     scheduler.add_request(make_request("a", num_prompt_tokens=10, max_tokens=3))
     run = run_pipelined_until_done if in_flight == 2 else run_until_done
     assert {record.plan.stores_lag for record in run(scheduler, allocator, worker)} == {lag}
+
+
+def test_the_tier_writes_a_result_names_ride_the_next_alloc_request_even_when_nothing_is_left_to_run():
+    scheduler, allocator, worker = make_stack()
+    scheduler.add_request(make_request("a", num_prompt_tokens=8, max_tokens=1))
+    alloc = scheduler.schedule()
+    result = worker.execute(scheduler.on_alloc(allocator.step(alloc)))
+    result.tier_written = [b"h0", b"h1"]  # the worker wrote both blocks the kvstore reserved
+    scheduler.on_result(result)  # a finishes
+    assert alloc.tier_written == [] and not scheduler.has_unfinished_requests() and scheduler.has_requests()
+    records = run_until_done(scheduler, allocator, worker)
+    assert [(r.alloc_request.tier_written, r.alloc_request.free_request_ids) for r in records] == [
+        ([b"h0", b"h1"], ["a"])]
