@@ -16,6 +16,7 @@ from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import RequestDelta, SamplingParams
 from pagedserve.shared.parallel_sampling import child_request_ids
+from pagedserve.shared.prompt_check import check_context, check_prompt
 from pagedserve.shared.speculative_config import parse_speculative_config
 
 
@@ -58,16 +59,8 @@ class Engine:
         return self._tokenizer
 
     def validate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty")
-        if sampling.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
-        vocab = self.worker.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt_token_ids) + sampling.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling.max_tokens}) "
-                             f"exceeds the model's context of {self.max_model_len} tokens")
+        check_prompt(prompt_token_ids, self.worker.model_config.vocab_size)
+        check_context(len(prompt_token_ids), sampling.max_tokens, self.max_model_len)
 
     def add_request(self, prompt: list[int] | str, sampling: SamplingParams | None = None,
                     request_id: str | None = None) -> str:

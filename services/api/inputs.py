@@ -15,6 +15,7 @@ from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.structured_outputs import guided_decoding
 from pagedserve.services.api.tool_calls import ToolUse, template_messages, tool_use
 from pagedserve.shared.messages import SamplingParams
+from pagedserve.shared.prompt_check import PromptRejected, check_context, check_prompt
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # as OpenAI
 DEFAULT_CHAT_MAX_TOKENS = 1024  # chat: the rest of the context, capped at this
@@ -62,11 +63,10 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         default_max = min(DEFAULT_CHAT_MAX_TOKENS, info.max_model_len - len(prompt_ids))
         logprobs = _chat_logprobs(body)
     else:
-        prompt_ids = _completion_prompt(body, tokenizer, info)
+        prompt_ids = _completion_prompt(body, tokenizer)
         kind, max_tokens, default_max = "completion", body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
         logprobs = _bounded(body.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
-    if not prompt_ids:
-        raise ApiError(400, "the prompt is empty", code="empty_prompt", param="prompt")
+    _checked(check_prompt, prompt_ids, info.vocab_size)
     default_max = min(default_max, info.sampling_defaults.get("max_tokens", default_max))  # max_new_tokens
     prompt = prompt_echo(body, prompt_ids, logprobs, tokenizer)
     if max_tokens is not None and max_tokens < 1 and not (prompt and prompt.drop_output):
@@ -74,14 +74,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
                        param="max_tokens")
     max_tokens = default_max if max_tokens is None else max(max_tokens, 1)  # echo's 0: one sampled, dropped
     prompt_field = "messages" if kind == "chat" else "prompt"
-    if len(prompt_ids) >= info.max_model_len:
-        verb = "have" if prompt_field == "messages" else "has"  # "the messages alone have", "the prompt alone has"
-        raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the {prompt_field} "
-                       f"alone {verb} {len(prompt_ids)} tokens", code="context_length_exceeded", param=prompt_field)
-    if len(prompt_ids) + max_tokens > info.max_model_len:
-        raise ApiError(400, f"this model's maximum context length is {info.max_model_len} tokens; the prompt has "
-                       f"{len(prompt_ids)} tokens and max_tokens asks for {max(max_tokens, 0)} more",
-                       code="context_length_exceeded", param="max_tokens")
+    _checked(check_context, len(prompt_ids), max_tokens, info.max_model_len, prompt_field)
     sampling = _sampling(body, max_tokens, logprobs, info)
     sampling.guided = guided
     sampling.min_tokens = _bounded(body.min_tokens, "min_tokens", 0, max_tokens)
@@ -119,7 +112,7 @@ def _check_unsupported(body, max_n: int) -> None:
             raise ApiError(400, "suffix is not supported", param="suffix", code="unsupported")
 
 
-def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> list[int]:
+def _completion_prompt(body: CompletionRequest, tokenizer) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > 1:
@@ -128,11 +121,14 @@ def _completion_prompt(body: CompletionRequest, tokenizer, info: ModelInfo) -> l
         prompt = prompt[0]
     if isinstance(prompt, str):
         return tokenizer.encode(prompt) if prompt else []
-    bad = [t for t in prompt if not 0 <= t < info.vocab_size]
-    if bad:
-        raise ApiError(400, f"prompt token id {bad[0]} is out of vocabulary (ids 0..{info.vocab_size - 1})",
-                       param="prompt")
     return list(prompt)
+
+
+def _checked(check, *args) -> None:
+    try:
+        check(*args)
+    except PromptRejected as e:
+        raise ApiError(400, e.message, code=e.code, param=e.param) from None
 
 
 def _chat_prompt(body: ChatCompletionRequest, tokenizer, tools: ToolUse | None) -> list[int]:

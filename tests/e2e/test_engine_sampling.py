@@ -61,3 +61,17 @@ def test_penalties_and_stop_token_ids_shape_the_real_output(engine, prompt_ids):
     (stopped,) = engine.generate([prompt_ids[3]], SamplingParams(**{**greedy.__dict__, "stop_token_ids": [stop_id]}))
     first = plain.token_ids.index(stop_id)
     assert stopped.token_ids == plain.token_ids[:first + 1] and stopped.finish_reason == "stop"
+
+
+def test_the_engine_refuses_what_the_api_refuses(engine):
+    from pagedserve.shared.prompt_check import PromptRejected
+
+    vocab, context = engine.worker.model_config.vocab_size, engine.max_model_len
+    refusals = {(): "the prompt is empty", (1, vocab): f"prompt token id {vocab} is out of vocabulary",
+                (1,) * context: "the prompt alone has", (1,): "max_tokens must be at least 1, got 0"}
+    for prompt, message in refusals.items():
+        with pytest.raises(PromptRejected, match=message.replace("(", r"\(")):
+            engine.add_request(list(prompt), SamplingParams(max_tokens=0 if prompt == (1,) else 4))
+    with pytest.raises(PromptRejected, match="max_tokens asks for 8 more"):
+        engine.add_request([1] * (context - 4), SamplingParams(max_tokens=8))
+    assert not engine.has_unfinished_requests()
