@@ -78,6 +78,7 @@ class Scheduler:
         self._next_step_id = 0
         self._free_request_ids: list[str] = []
         self._tier_written: list[bytes] = []
+        self._stores_unflushed = False  # the last plan's tier writes wait for a later step's result to name them
         self._worker_finished_ids: list[str] = []
         self._abort_deltas: list[RequestDelta] = []
         self._aborts_after_alloc: list[str] = []
@@ -138,7 +139,8 @@ class Scheduler:
         return bool(self._requests)
 
     def has_finished_requests(self) -> bool:
-        return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas or self._tier_written)
+        return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas or self._tier_written
+                    or self._stores_unflushed)
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
@@ -207,7 +209,7 @@ class Scheduler:
         )
         self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
-        written, self._tier_written = self._tier_written, []
+        written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
                             forks=self._forks.take_forks(), tier_written=written)
 
@@ -222,6 +224,7 @@ class Scheduler:
         plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores),
                         stores_lag=self.max_steps_in_flight - 1, compile_grammars=self.grammars.take_asks())
         in_flight = InFlightStep(pending.step_id)
+        self._stores_unflushed = bool(plan.tier_stores) and plan.stores_lag > 0
         refused = [c.request_id for _, c in pending.candidates
                    if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]
         self._refused_ids = set(refused[:1])  # the first refusal is the pool's; the rest head of line

@@ -172,3 +172,17 @@ def test_the_tier_writes_a_result_names_ride_the_next_alloc_request_even_when_no
     records = run_until_done(scheduler, allocator, worker)
     assert [(r.alloc_request.tier_written, r.alloc_request.free_request_ids) for r in records] == [
         ([b"h0", b"h1"], ["a"])]
+
+
+def test_with_async_scheduling_a_storing_step_is_followed_by_one_whose_result_names_its_writes():
+    scheduler, allocator, worker = make_stack(max_steps_in_flight=2)
+    scheduler.add_request(make_request("a", num_prompt_tokens=8, max_tokens=1))
+    alloc = scheduler.schedule()
+    reply = allocator.step(alloc)
+    reply.tier_stores = [("a", 0, b"h0"), ("a", 1, b"h1")]
+    plan = scheduler.on_alloc(reply)
+    scheduler.on_result(worker.execute(plan))  # a finishes; its result waited for no write of this step
+    assert plan.stores_lag == 1 and not scheduler.has_unfinished_requests() and scheduler.has_requests()
+    records = run_pipelined_until_done(scheduler, allocator, worker)
+    assert [(r.plan.stores_lag, r.plan.num_scheduled_tokens, r.alloc_request.free_request_ids) for r in records] == [
+        (1, 0, ["a"])]

@@ -32,12 +32,18 @@ def small_pool_stack(tmp_path_factory):
 
 
 def run(api: TestApi, tokens: list[int]) -> tuple[list[int], dict, dict]:
-    """The request's tokens and the kvstore's stats before it and once it has counted and freed it.
-    Every request of the module goes through here, so `before` counts every earlier one."""
+    """The request's tokens and the kvstore's stats before it and once it has counted and freed it,
+    and every block it stored is confirmed written (loadable). Every request of the module goes
+    through here, so `before` counts every earlier one."""
     stack = api.stack
     before = stack.wait_kvstore_clean()
     (out,) = api.wait_finished([api.submit(tokens, GREEDY)], timeout=180)
-    return out.token_ids, before, stack.wait_kvstore_clean(since=before)
+
+    def settled():
+        stats = stack.wait_kvstore_clean(since=before)
+        return stats if stats["tier_num_pending"] == 0 else None
+
+    return out.token_ids, before, wait_for(settled, 60, "the request's tier stores to be confirmed")
 
 
 def gained(before: dict, after: dict, counter: str) -> int:
