@@ -63,11 +63,6 @@ class ModelConfig:
                              f"{self.max_position_embeddings} tokens (its {self.context_field})")
         return max_model_len
 
-    @property
-    def windowed_attention(self) -> bool:
-        """Some layer slides or soft-caps its scores: attention backends without either cannot serve it."""
-        return self.attn_softcap is not None or any(self.window(i) is not None for i in range(self.num_layers))
-
     def window(self, layer: int) -> int | None:
         """The sliding window of a layer, None where it attends to the whole context."""
         if self.layer_types is None or self.layer_types[layer] != "sliding_attention":

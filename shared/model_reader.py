@@ -29,12 +29,16 @@ def open_gguf(path: str):
 def load_config(path_or_name: str) -> ModelConfig:
     """Only the config (reads headers, no tensor data)."""
     path = resolve_model(path_or_name)
-    gguf_file = find_gguf_in_dir(path) if os.path.isdir(path) else path
+    gguf_file = gguf_file_of(path)
     if gguf_file:
         reader = open_gguf(gguf_file)
         check_gguf_types(reader, gguf_file)
         return ModelConfig.from_gguf(reader)
     return hf_dir_config(path)
+
+
+def gguf_file_of(path: str) -> str | None:
+    return find_gguf_in_dir(path) if os.path.isdir(path) else path
 
 
 def check_gguf_types(reader, path: str) -> None:

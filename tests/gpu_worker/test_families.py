@@ -4,6 +4,8 @@ the same prompt in two chunks through the paged cache). Unsupported ones are ref
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import transformers
@@ -160,13 +162,6 @@ def test_a_max_model_len_past_the_models_context_is_refused_naming_its_field():
     assert refusal(model_type="gemma2", sliding_window=512).endswith("of 8192 tokens (its max_position_embeddings)")
 
 
-def test_windowed_attention_is_what_gemma_layers_need():
-    assert ModelConfig.from_hf_config(GEMMA2_2B).windowed_attention
-    assert ModelConfig.from_hf_config(GEMMA3_1B).windowed_attention
-    assert not ModelConfig.from_hf_config({**GEMMA3_1B, "layer_types": ["full_attention"] * 7}).windowed_attention
-    assert not ModelConfig.from_hf_config({**BASE, "model_type": "mistral", "sliding_window": 4096}).windowed_attention
-
-
 @pytest.mark.parametrize(("device", "asked", "chosen"), [("cuda", "auto", "triton"), ("cpu", "auto", "torch"),
                                                          ("cuda", "reference", "reference"), ("cuda", "triton", "triton")])
 def test_a_gemma_worker_takes_any_backend_each_has_windows(device, asked, chosen):
@@ -180,7 +175,8 @@ def test_a_gemma_worker_takes_any_backend_each_has_windows(device, asked, chosen
     assert Worker._backend_name(worker) == chosen
     worker.model_config = ModelConfig.from_hf_config({**BASE, "model_type": "qwen3"})
     assert Worker._backend_name(worker) == chosen  # as for every family
-    assert all(get_backend(name).windowed for name in BACKENDS)  # each one's test checks its windows
+    for name in BACKENDS:  # each one's test checks its windows
+        assert {"window", "softcap"} <= set(inspect.signature(get_backend(name).attend).parameters)
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])

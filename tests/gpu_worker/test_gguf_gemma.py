@@ -70,7 +70,7 @@ def test_the_27b_models_scale_attention_by_hidden_over_heads(tmp_path, arch, lay
 def test_gemma3_header_without_a_window_slides_no_layer(tmp_path):
     _header(tmp_path / "full.gguf", "gemma3", 6, final_logit_softcapping=30.0)
     config = load_config(str(tmp_path / "full.gguf"))
-    assert config.layer_types is None and not config.windowed_attention
+    assert config.layer_types is None and [config.window(i) for i in range(6)] == [None] * 6
     assert (config.final_softcap, config.attn_softcap, config.rope_local_theta) == (30.0, None, 10000.0)
 
 

@@ -74,6 +74,8 @@ class AttentionBackend(Protocol):
         """Store key/value [T, num_kv_heads, head_dim] into kv_cache at meta.slot_mapping."""
 
     def attend(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None, softcap: float | None = None,
     ) -> torch.Tensor:
-        """query [T, H, D] -> [T, H, D]; head h reads kv head h // (H // Hkv). Call write_kv first."""
+        """query [T, H, D] -> [T, H, D]; head h reads kv head h // (H // Hkv); keys t - p < window only;
+        scores s become softcap * tanh(s / softcap). Call write_kv first."""

@@ -10,7 +10,6 @@ from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 class ReferenceBackend:
     name = "reference"
-    windowed = True  # attend takes window (keys t - p < window) and softcap (cap * tanh(s / cap))
 
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
         num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]

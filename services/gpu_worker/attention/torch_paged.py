@@ -157,7 +157,6 @@ def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 class TorchPagedBackend:
     name = "torch"
-    windowed = True  # attend takes window and softcap
 
     def __init__(self, use_kernel: bool | None = None) -> None:
         """use_kernel: decode with the C++ kernel when it loads (None: unless disabled)."""

@@ -207,7 +207,6 @@ def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
 
 class TritonPagedBackend:
     name = "triton"
-    windowed = True  # attend takes window (keys t - p < window) and softcap (cap * tanh(s / cap))
 
     def __init__(self) -> None:
         self._plan: _Plan | None = None

@@ -124,13 +124,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         else:
             q, k = rotary(positions, q, k, self.fused)
             backend.write_kv(k, v, kv_cache, meta)
-        if self.window is None and self.softcap is None:
-            attn = backend.attend(q, kv_cache, meta, self.scale)  # [T, H, D]
-        elif getattr(backend, "windowed", False):
-            attn = backend.attend(q, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
-        else:
-            raise NotImplementedError(f"attention backend {backend.name!r} has no sliding window or soft-capping "
-                                      "(this model's layers need them): use the torch backend")
+        attn = backend.attend(q, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)  # [T, H, D]
         out = self.o(attn.reshape(num_tokens, self.q_size))
         return out if self.o_bias is None else out + self.o_bias
 

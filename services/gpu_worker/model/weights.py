@@ -13,8 +13,8 @@ import torch
 
 from pagedserve.shared.model_config import ModelConfig
 from pagedserve.shared.model_families import FAMILIES, Family
-from pagedserve.shared.model_reader import check_gguf_types, hf_dir_config, open_gguf
-from pagedserve.shared.model_source import find_gguf_in_dir, resolve_model
+from pagedserve.shared.model_reader import gguf_file_of, load_config, open_gguf
+from pagedserve.shared.model_source import resolve_model
 
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -45,10 +45,8 @@ _GGUF_CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_
 def load_weights(path_or_name: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """A model name or path -> (config, float32 state dict with canonical names)."""
     path = resolve_model(path_or_name)
-    if os.path.isdir(path):
-        gguf_file = find_gguf_in_dir(path)
-        return _load_gguf(gguf_file) if gguf_file else _load_hf_dir(path)
-    return _load_gguf(path)
+    config, gguf_file = load_config(path), gguf_file_of(path)
+    return config, _gguf_state(gguf_file, config) if gguf_file else _hf_state(path, config)
 
 
 def dequantize_tensor(tensor) -> np.ndarray:
@@ -58,10 +56,9 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
 
 
-def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _hf_state(directory: str, config: ModelConfig) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    config = hf_dir_config(directory)
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
     if not files:
         raise ValueError(f"{directory} has config.json but no *.safetensors weights")
@@ -73,13 +70,11 @@ def _load_hf_dir(directory: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             state[name] = tensor.to(torch.float32)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return config, state
+    return state
 
 
-def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _gguf_state(path: str, config: ModelConfig) -> dict[str, torch.Tensor]:
     reader = open_gguf(path)
-    check_gguf_types(reader, path)
-    config = ModelConfig.from_gguf(reader)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_CONFIG_TENSORS:
@@ -89,7 +84,7 @@ def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         if config.norm_offset and name.endswith("norm.weight"):  # llama.cpp stores Gemma's as offset + w
             values -= np.float32(config.norm_offset)
         state[name] = torch.from_numpy(unpermute_if_rope_rows(name, values, config))
-    return config, state
+    return state
 
 
 def unpermute_if_rope_rows(name: str, rows: np.ndarray, config: ModelConfig) -> np.ndarray:
