@@ -6,6 +6,8 @@ these builds a change could break the others unseen."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -30,15 +32,34 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not cpu_extensions.enabled() or not _cpu_flags(), reason="an x86 CPU and a compiler")]
 
 
+def _isa_cache() -> Path:
+    """Beside the kernels (TORCH_EXTENSIONS_DIR moves both): a clean clone finds the builds of an earlier run."""
+    return cpu_extensions.build_dir("decode").parent / "isa_builds"
+
+
 @functools.cache
 def _build(arch: str):
+    """The -march=arch build, compiled once per (sources, headers, flags, torch) and loaded from then on."""
     from torch.utils import cpp_extension
 
     flags = ["-O3", f"-march={arch}", "-fopenmp", "-ffast-math", f"-DPAGEDSERVE_CPU={cpu_extensions.cpu_digest()}",
              *cpu_extensions.compile_flags("decode")[4:5]]  # the headers' hash: rebuilt when they change
-    name = f"pagedserve_cpu_decode_{arch.replace('-', '_')}"
-    return cpp_extension.load(name=name, sources=[str(cpu_extensions.SOURCES["decode"])], extra_cflags=flags,
-                              extra_ldflags=["-fopenmp"], verbose=False)
+    source = cpu_extensions.SOURCES["decode"]
+    parts = [source.read_bytes(), *(h.read_bytes() for h in cpu_extensions.HEADERS["decode"]),
+             " ".join(flags).encode(), torch.__version__.encode()]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    name = f"pagedserve_cpu_decode_{arch.replace('-', '_')}_{digest}"
+    directory = _isa_cache() / name
+    with cpu_extensions._exclusive(directory / "pagedserve.flock"):
+        if (directory / "pagedserve.stamp").exists():
+            spec = importlib.util.spec_from_file_location(name, directory / f"{name}.so")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        module = cpp_extension.load(name=name, sources=[str(source)], build_directory=str(directory),
+                                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        (directory / "pagedserve.stamp").write_text(name)
+        return module
 
 
 def _backend(arch: str) -> TorchPagedBackend:
