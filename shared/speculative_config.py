@@ -1,7 +1,9 @@
 """`--speculative-config`, as vLLM takes it: {"method": "ngram", "num_speculative_tokens": k,
-"prompt_lookup_min": a, "prompt_lookup_max": b}. Off (None) unless given; one validation here.
+"prompt_lookup_min": a, "prompt_lookup_max": b}, or {"method": "suffix", ...} with vLLM's
+suffix_decoding_* fields. Off (None) unless given; one validation here.
 
-As vLLM: with neither bound given both are 5; with one given the other equals it.
+As vLLM: with neither bound given both are 5; with one given the other equals it; suffix drafts at
+most max_tree_depth tokens unless num_speculative_tokens says fewer.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ from dataclasses import dataclass
 
 from pagedserve.shared.config_error import ConfigError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix")
 MAX_SPECULATIVE_TOKENS = 32  # drafts per request per step: more only burn budget on a CPU
 DEFAULT_PROMPT_LOOKUP = 5
 # the stats blob's key of accepted drafts at position p: f"{PER_POS_KEY}{p}_total"
 PER_POS_KEY = "spec_decode_num_accepted_tokens_per_pos_"
-_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_spec_factor": 1.0,
+                   "suffix_decoding_min_token_prob": 0.1, "suffix_decoding_max_cached_requests": 1000}
+_NGRAM_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_SUFFIX_FIELDS = ("method", "num_speculative_tokens", *SUFFIX_DEFAULTS)
+_FIELDS = (*_NGRAM_FIELDS, *SUFFIX_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -25,9 +31,14 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int
     prompt_lookup_max: int
+    suffix_decoding_max_tree_depth: int = SUFFIX_DEFAULTS["suffix_decoding_max_tree_depth"]
+    suffix_decoding_max_spec_factor: float = SUFFIX_DEFAULTS["suffix_decoding_max_spec_factor"]
+    suffix_decoding_min_token_prob: float = SUFFIX_DEFAULTS["suffix_decoding_min_token_prob"]
+    suffix_decoding_max_cached_requests: int = SUFFIX_DEFAULTS["suffix_decoding_max_cached_requests"]
 
     def to_json(self) -> str:
-        return json.dumps({name: getattr(self, name) for name in _FIELDS})
+        names = _SUFFIX_FIELDS if self.method == "suffix" else _NGRAM_FIELDS
+        return json.dumps({name: getattr(self, name) for name in names})
 
 
 def _bad(why: str, value) -> ConfigError:
@@ -58,6 +69,9 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     method = value.get("method")
     if method not in METHODS:
         raise _bad(f"method must be one of {', '.join(METHODS)} (got {method!r})", whole)
+    if method == "suffix":
+        return _suffix(value, whole)
+    _only(value, _NGRAM_FIELDS, "ngram", whole)
     if "num_speculative_tokens" not in value:
         raise _bad("num_speculative_tokens is required", whole)
     k = _whole(value["num_speculative_tokens"], "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, whole)
@@ -71,3 +85,27 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     if low > high:
         raise _bad("prompt_lookup_min must be <= prompt_lookup_max", whole)
     return SpeculativeConfig(method, k, low, high)
+
+
+def _fraction(value, name: str, low: float, high: float, whole) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        raise _bad(f"{name} must be a number in [{low}, {high}]", whole)
+    return float(value)
+
+
+def _only(value: dict, names: tuple[str, ...], method: str, whole) -> None:
+    other = sorted(set(value) - set(names))
+    if other:
+        raise _bad(f"{', '.join(other)} not taken by method {method}", whole)
+
+
+def _suffix(value: dict, whole) -> SpeculativeConfig:
+    _only(value, _SUFFIX_FIELDS, "suffix", whole)
+    got = SUFFIX_DEFAULTS | value
+    depth = _whole(got["suffix_decoding_max_tree_depth"], "suffix_decoding_max_tree_depth", 1, 1024, whole)
+    k = _whole(value.get("num_speculative_tokens", min(depth, MAX_SPECULATIVE_TOKENS)), "num_speculative_tokens",
+               1, MAX_SPECULATIVE_TOKENS, whole)
+    factor = _fraction(got["suffix_decoding_max_spec_factor"], "suffix_decoding_max_spec_factor", 0.0, 1024.0, whole)
+    prob = _fraction(got["suffix_decoding_min_token_prob"], "suffix_decoding_min_token_prob", 0.0, 1.0, whole)
+    cached = _whole(got["suffix_decoding_max_cached_requests"], "suffix_decoding_max_cached_requests", 0, 10**6, whole)
+    return SpeculativeConfig("suffix", k, DEFAULT_PROMPT_LOOKUP, DEFAULT_PROMPT_LOOKUP, depth, factor, prob, cached)

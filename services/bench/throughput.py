@@ -96,7 +96,9 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None, specul
               "num_preemptions": stats.get("num_preemptions", 0),
               "prefix_hit_rate": stats.get("prefix_cache_hits", 0) / max(1, stats.get("prefix_cache_queries", 0))}
     if speculative:
-        result["system"] += " (ngram speculation)"
+        from pagedserve.shared.speculative_config import parse_speculative_config
+
+        result["system"] += f" ({parse_speculative_config(speculative).method} speculation)"
         result["speculative_config"] = speculative
         result.update(engine.scheduler.spec_decode_totals())
     return result

@@ -389,6 +389,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Caller removes it from its queue; this queues its id for kvstore and worker."""
         request.status = status
+        self._speculator.finished(request)
         del self._requests[request.request_id]
         self._free_request_ids.append(request.request_id)
         self._worker_finished_ids.append(request.request_id)

@@ -2,7 +2,7 @@
 taking the worker's verdict.
 
 A request decoding alone (nothing in flight, every known token but the last computed) gets up to k
-n-gram drafts within the step's leftover token budget; the step computes its last token and the
+n-gram or suffix drafts within the step's leftover token budget; the step computes its last token and the
 drafts (1 + d tokens) and the worker returns the accepted drafts plus one token. Rejected drafts'
 KV slots stay with the request as spare slots (the kvstore holds num_computed_tokens + spare slots),
 and the next steps use them before asking the kvstore for more, so no slot leaks or is counted twice.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
+from pagedserve.services.scheduler.suffix_proposer import SuffixProposer
 from pagedserve.shared.messages import SampledToken
 from pagedserve.shared.speculative_config import PER_POS_KEY, SpeculativeConfig
 
@@ -65,6 +66,16 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig | None) -> None:
         self.config = config
         self.counters = SpecDecodeCounters()
+        self.suffix = None
+        if config is not None and config.method == "suffix":
+            self.suffix = SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_spec_factor,
+                                         config.suffix_decoding_min_token_prob,
+                                         config.suffix_decoding_max_cached_requests)
+
+    def finished(self, request: Request) -> None:
+        """A request ended: suffix decoding drafts from its output for later requests."""
+        if self.suffix is not None:
+            self.suffix.remember(request.output_token_ids)
 
     def plan(self, step: CandidateStep, token_budget: int, max_model_len: int) -> None:
         """Add drafts to the step's decoding candidates while budget is left, and spend spare slots:
@@ -116,6 +127,8 @@ class Speculator:
     def _propose(self, request: Request, k: int) -> list[int]:
         if k < 1:
             return []
+        if self.suffix is not None:
+            return self.suffix.propose(request.all_token_ids, k)
         c = self.config
         return propose_ngram(request.all_token_ids, c.prompt_lookup_min, c.prompt_lookup_max, k)
 

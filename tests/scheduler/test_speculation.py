@@ -9,6 +9,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from pagedserve.services.kvstore.block_manager import BlockManager
 from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.speculation import Speculator
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 from pagedserve.shared.speculative_config import SpeculativeConfig
 
@@ -23,6 +25,8 @@ BLOCK_SIZE = 4
 VOCAB = 7  # few tokens: the fake model's output repeats, so drafts are often right and sometimes wrong
 EOS = 6
 NGRAM = SpeculativeConfig("ngram", 3, 1, 3)
+SUFFIX = SpeculativeConfig("suffix", 6, 5, 5, suffix_decoding_max_spec_factor=2.0,
+                           suffix_decoding_max_cached_requests=2)
 
 
 def next_token(history: list[int]) -> int:
@@ -156,25 +160,42 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
 @given(prompts=st.lists(st.lists(st.integers(0, VOCAB - 2), min_size=1, max_size=14), min_size=1, max_size=5),
        max_tokens=st.lists(st.integers(1, 30), min_size=5, max_size=5),
        num_blocks=st.integers(12, 40), prefix_caching=st.booleans(), budget=st.sampled_from([4, 9, 64]),
-       k=st.integers(1, 5), steps_in_flight=st.sampled_from([1, 2]))
+       k=st.integers(1, 5), steps_in_flight=st.sampled_from([1, 2]), suffix=st.booleans())
 def test_any_batch_pool_and_budget_give_the_autoregressive_tokens(prompts, max_tokens, num_blocks, prefix_caching,
-                                                                 budget, k, steps_in_flight):
+                                                                 budget, k, steps_in_flight, suffix):
     params = [SamplingParams(max_tokens=m, ignore_eos=i % 2 == 0) for i, m in enumerate(max_tokens[:len(prompts)])]
-    outs, scheduler, _ = run(prompts, params, num_blocks, prefix_caching, SpeculativeConfig("ngram", k, 1, 2),
-                             budget, steps_in_flight)
+    config = SpeculativeConfig("suffix", k, 5, 5, 3, 2.0, 0.3, 2) if suffix else SpeculativeConfig("ngram", k, 1, 2)
+    outs, scheduler, _ = run(prompts, params, num_blocks, prefix_caching, config, budget, steps_in_flight)
     assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
 
 
-def test_preempted_requests_with_spare_slots_resume_with_the_same_tokens():
+@pytest.mark.parametrize("config", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def test_preempted_requests_with_spare_slots_resume_with_the_same_tokens(config):
     prompts = [PROMPT, PROMPT[::-1], [4, 4, 1, 4, 4, 2]]
     params = [SamplingParams(max_tokens=40, ignore_eos=True)] * 3
-    outs, scheduler, draft_steps = run(prompts, params, 14, True, NGRAM)
+    outs, scheduler, draft_steps = run(prompts, params, 14, True, config)
     assert outs == [autoregressive(p, q) for p, q in zip(prompts, params, strict=True)]
     assert scheduler.stats().num_preemptions_total > 0 and draft_steps > 0
 
 
-def test_async_scheduling_holds_a_drafting_request_back_and_still_drafts():
+@pytest.mark.parametrize("config", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def test_async_scheduling_holds_a_drafting_request_back_and_still_drafts(config):
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, NGRAM, steps_in_flight=2)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, config, steps_in_flight=2)
     assert out == autoregressive(PROMPT, params)
     assert draft_steps > 0 and scheduler._speculator.counters.num_accepted_tokens > 0
+
+
+def test_suffix_drafts_from_finished_requests_outputs():
+    speculator = Speculator(SUFFIX)
+    done = Request("a", [1, 2], SamplingParams(max_tokens=8), [EOS], arrival_time=0.0)
+    done.output_token_ids.extend([5, 6, 0, 5, 1, 2])
+    speculator.finished(done)
+    new = Request("b", [4, 5, 6, 0, 5], SamplingParams(max_tokens=8), [EOS], arrival_time=0.0)
+    assert speculator._propose(new, 3) == [1, 2]
+    prompts = [[3, 5, 0, 4, 1], [2, 2, 4], [1, 0]]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    outs, scheduler, _ = run(prompts, [params] * 3, 64, True, SUFFIX)
+    assert outs == [autoregressive(p, params) for p in prompts]
+    cache = scheduler._speculator.suffix.cache  # the outputs of the last 2 to finish
+    assert len(cache) == 2 and cache[0] != cache[1] and all(seq in outs for seq in cache)

@@ -40,6 +40,12 @@ def test_lookup_bounds_default_as_vllm():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_min must be <= prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_model": "x"}, "unknown key(s) draft_model"),
+    ({"method": "suffix", "prompt_lookup_min": 2}, "prompt_lookup_min not taken by method suffix"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 8},
+     "suffix_decoding_max_tree_depth not taken by method ngram"),
+    ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob must be a number"),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth must be an integer"),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests must be"),
 ])
 def test_bad_values_name_the_field(value, says):
     with pytest.raises(ConfigError, match="speculative_config") as info:
@@ -47,3 +53,15 @@ def test_bad_values_name_the_field(value, says):
     assert says in str(info.value)
     with pytest.raises(ConfigError, match="speculative_config"):
         EngineConfig(speculative_config=value)
+
+
+def test_suffix_takes_vllms_fields_and_defaults():
+    assert parse_speculative_config({"method": "suffix"}) == SpeculativeConfig("suffix", 24, 5, 5, 24, 1.0, 0.1, 1000)
+    given = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 16,
+             "suffix_decoding_max_spec_factor": 2, "suffix_decoding_min_token_prob": 0.25,
+             "suffix_decoding_max_cached_requests": 0}
+    expected = SpeculativeConfig("suffix", 8, 5, 5, 16, 2.0, 0.25, 0)
+    assert parse_speculative_config(given) == expected
+    assert parse_speculative_config(expected.to_json()) == expected
+    assert parse_speculative_config({"method": "suffix", "suffix_decoding_max_tree_depth": 64}).num_speculative_tokens == 32
+
