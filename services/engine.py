@@ -13,6 +13,7 @@ from pagedserve.services.kvstore.block_manager import BlockManager
 from pagedserve.services.scheduler.policies.registry import configured_policy
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.block_hash import BlockHashes, root_hash
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import RequestDelta, SamplingParams
 from pagedserve.shared.parallel_sampling import child_request_ids
@@ -68,8 +69,11 @@ class Engine:
         prompt_token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate(prompt_token_ids, sampling)
         request_id = request_id or f"req-{next(self._ids)}"
-        self.scheduler.add_request(Request(request_id, prompt_token_ids, sampling, self.eos_token_ids,
-                                           arrival_time=time.monotonic()))
+        request = Request(request_id, prompt_token_ids, sampling, self.eos_token_ids, arrival_time=time.monotonic())
+        if self.config.enable_prefix_caching:  # hashed once here, as the block manager's hash_keys chain them
+            root = root_hash((self.config.model, request.cache_salt))
+            request.block_hashes = BlockHashes(root, self.config.block_size)
+        self.scheduler.add_request(request)
         return request_id
 
     def abort_request(self, request_id: str) -> None:

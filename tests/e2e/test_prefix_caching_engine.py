@@ -1,7 +1,7 @@
 """The real model (SmolLM2, float32) with prefix caching on and off: greedy outputs are the
 same token for token, also when a request hits a prefix another request is still
-extending, when requests are preempted and resumed, and for n > 1, where each seeded
-sequence equals what its seed (seed + index) gives alone."""
+extending, when requests are preempted and resumed (hashed once, by the engine, never by the
+block manager), and for n > 1, where each seeded sequence equals what its seed (seed + index) gives alone."""
 
 from __future__ import annotations
 
@@ -56,9 +56,11 @@ def test_a_prefix_another_request_is_still_extending_changes_no_token(engines, p
     engines[True].block_manager.check_integrity()
 
 
-def test_preempted_and_resumed_requests_change_no_token(engines, prompts):
+def test_preempted_and_resumed_requests_change_no_token(engines, prompts, monkeypatch):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     reference = [o.token_ids for o in engines[False].generate(prompts, params)]
+    for name in ("block_table.hash_block", "block_manager.hash_full_blocks"):  # each request is hashed once
+        monkeypatch.setattr(f"pagedserve.services.kvstore.{name}", lambda *a: pytest.fail("the kvstore hashed"))
     # ~36 prompt tokens (2 blocks of shared stem) + 16 out = 4 blocks each: 2 + 3 * 2 > 6
     small = _engine(True, num_blocks=6)
     outputs = small.generate(prompts, params)
