@@ -5,8 +5,10 @@ No torch here: the launcher imports PHASE_MARK."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import time
+from pathlib import Path
 
 log = logging.getLogger("pagedserve.worker")
 
@@ -38,6 +40,35 @@ class StartupPhases:
         """'start 3.10 s (CPU 2.90 s): imports 1.20 s, model 0.90 s, ...' (CPU: since the process began)."""
         parts = ", ".join(f"{name} {s:.2f} s" for name, s in self.seconds.items())
         return f"start {time.perf_counter() - self.started:.2f} s (CPU {time.process_time():.2f} s): {parts}"
+
+
+def _take(f, phases: StartupPhases, waiting: str, doing: str) -> bool:
+    """flock f; True if another process held it, the wait logged as the phase `waiting`."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        with phases.phase(waiting, doing):
+            fcntl.flock(f, fcntl.LOCK_EX)
+        return True
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, phases: StartupPhases, waiting: str, doing: str):
+    """An flock on path for the block (waiting for another process's hold: the phase `waiting`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        waited = _take(f, phases, waiting, doing)
+        try:
+            yield waited
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def waited_for(path: Path, phases: StartupPhases, waiting: str, doing: str) -> bool:
+    """Whether another process held path's flock (its release awaited as the phase `waiting`)."""
+    with held_lock(path, phases, waiting, doing) as waited:
+        return waited
 
 
 def last_phase(lines: list[str]) -> str | None:

@@ -13,7 +13,6 @@ while they fit MAX_BYTES.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -26,7 +25,7 @@ import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model.linear import PACK_BATCH_HINT
-from pagedserve.services.gpu_worker.startup import StartupPhases
+from pagedserve.services.gpu_worker.startup import StartupPhases, held_lock
 from pagedserve.shared.model_source import resolve_model
 from pagedserve.shared.tokenizer import _cache_root as cache_root
 
@@ -153,7 +152,8 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device,
     path = entry_path(model, dtype)
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(_build_lock(phases))
+            lock = cache_dir() / "build.lock"
+            held.enter_context(held_lock(lock, phases, "model_wait", f"waiting for another process preparing a model ({lock})"))
         except OSError as e:  # an unwritable cache directory: serve as with the cache off
             log.warning("weight cache: %s unusable (%s: %s); preparing the model at every start", cache_dir(),
                         type(e).__name__, e)
@@ -172,23 +172,6 @@ def load_model(model: str, dtype: torch.dtype, device: torch.device,
         except Exception as e:  # unwritable or unpicklable: serve anyway, build again next start
             log.warning("weight cache: cannot save %s (%s: %s)", path, type(e).__name__, e)
         return prepared
-
-
-@contextlib.contextmanager
-def _build_lock(phases: StartupPhases):
-    """models/build.lock for the block; waiting on another process's build is a phase of its own."""
-    path = cache_dir() / "build.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with phases.phase("model_wait", f"waiting for another process preparing a model ({path})"):
-                fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _build(model: str, dtype: torch.dtype, device: torch.device, build, phases: StartupPhases, note: str):

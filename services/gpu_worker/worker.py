@@ -23,12 +23,24 @@ from pagedserve.services.gpu_worker.sampling.grammar import Grammars, SequenceGr
 from pagedserve.services.gpu_worker.sampling.prompt_logprobs import PromptSpan, prompt_logprobs, prompt_span
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
 from pagedserve.services.gpu_worker.sampling.verify import accept_drafts, draft_histories
-from pagedserve.services.gpu_worker.startup import StartupPhases
+from pagedserve.services.gpu_worker.startup import StartupPhases, waited_for
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SampledToken, SamplingParams, StepPlan, StepResult
 
 log = logging.getLogger("pagedserve.worker")
+KERNELS = "loading the CPU kernels (built once per machine: minutes the first time, `pagedserve build-kernels` " \
+          "does it ahead)"
 IDLE_COMPILE_WAIT_S = 0.02  # a step with nothing to run waits this long for a prefetched grammar
+
+
+def _load_kernels(phases: StartupPhases) -> None:
+    with phases.phase("kernels", KERNELS):
+        for name in cpu_extensions.SOURCES:
+            lock = cpu_extensions.build_dir(name) / "pagedserve.flock"  # the one load() takes
+            if waited_for(lock, phases, "kernels_wait", f"waiting for another process building the CPU kernel "
+                                                        f"{name!r} ({lock})"):
+                phases.begin(KERNELS)
+            cpu_extensions.load(name)
 
 
 @dataclass
@@ -53,10 +65,7 @@ class Worker:
         if self.device.type == "cpu":
             keep_freed_memory()
             if cpu_extensions.enabled():
-                with phases.phase("kernels", "loading the CPU kernels (built once per machine: minutes the first "
-                                             "time, `pagedserve build-kernels` does it ahead)"):
-                    for name in cpu_extensions.SOURCES:
-                        cpu_extensions.load(name)
+                _load_kernels(phases)
         self.model = weight_cache.load_model(config.model, self.dtype, self.device, build_model, phases)
         self.model_config = self.model.config
         self.backend = get_backend(self._backend_name())

@@ -136,3 +136,28 @@ def test_pool_memory_is_zero_aligned_and_untouched_until_written():
     assert not pool.any()
     pool[1, 3] = 1.5
     assert pool.sum().item() == 1.5 * 16 * 2 * 64
+
+
+def test_waiting_on_another_kernel_build_is_a_phase_up_shows(tmp_path, monkeypatch, caplog):
+    from pagedserve.services.gpu_worker import worker
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
+
+    loaded = []
+    monkeypatch.setattr(cpu_extensions, "build_dir", lambda name: tmp_path / name)
+    monkeypatch.setattr(cpu_extensions, "load", loaded.append)  # what it loads is not this test's
+    lock = tmp_path / "gemv" / "pagedserve.flock"
+    lock.parent.mkdir()
+    phases = StartupPhases()
+    with caplog.at_level("INFO", logger="pagedserve.worker"), open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process building gemv
+        waiter = threading.Thread(target=worker._load_kernels, args=(phases,))
+        waiter.start()
+        wait_for(lambda: "gemv" in str(last_phase([r.getMessage() for r in caplog.records])), 60, "the wait")
+        assert last_phase([r.getMessage() for r in caplog.records]) == (
+            f"waiting for another process building the CPU kernel 'gemv' ({lock})")
+        assert loaded == ["decode", "prefill", "fused"]
+        fcntl.flock(held, fcntl.LOCK_UN)
+        waiter.join(60)
+    assert loaded == list(cpu_extensions.SOURCES)
+    assert list(phases.seconds) == ["kernels_wait", "kernels"]
+    assert last_phase([r.getMessage() for r in caplog.records]) == worker.KERNELS
