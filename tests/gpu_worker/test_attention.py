@@ -250,3 +250,20 @@ def test_get_backend_by_name():
         assert get_backend(name).name == name
     with pytest.raises(ValueError, match="torch, triton, reference"):
         get_backend("flash")
+
+
+def test_cpu_kernels_load_at_the_first_cpu_step_not_before(monkeypatch):
+    loaded = []
+    load = torch_paged.cpu_extensions.load
+    monkeypatch.setattr(torch_paged.cpu_extensions, "load", lambda name: loaded.append(name) or load(name))
+    backend = TorchPagedBackend()
+    assert loaded == []  # a CUDA worker's backend never gets further
+    check_against_reference(backend, *make_step([(1, 40), (5, 9)], block_size=16, num_heads=4, num_kv_heads=2,
+                                                head_dim=64, dtype=torch.bfloat16))
+    assert loaded == ["decode", "prefill"]
+    assert TorchPagedBackend(use_kernel=False)._kernel is None and loaded == ["decode", "prefill"]
+
+
+def test_positions_from_query_and_seq_lens():
+    meta = AttentionMetadata.build([1, 3, 2], [5, 3, 10], [[0, 1], [2], [3, 4, 5]], 4)
+    assert AttentionMetadata.positions(meta).tolist() == [4, 0, 1, 2, 8, 9]

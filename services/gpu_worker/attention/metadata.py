@@ -31,7 +31,7 @@ class AttentionMetadata:
         q = torch.tensor(meta.query_lens_cpu, dtype=torch.int64)
         s = torch.tensor(meta.seq_lens_cpu, dtype=torch.int64)
         rows = torch.repeat_interleave(torch.arange(len(q)), q)
-        starts = meta.query_start_loc.cpu().long()
+        starts = torch.cumsum(q, 0) - q  # meta.query_start_loc's values, without a device sync
         return (torch.arange(int(q.sum())) - starts[rows] + (s - q)[rows]).to(meta.slot_mapping.device)
 
     @staticmethod

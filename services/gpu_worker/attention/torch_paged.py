@@ -159,14 +159,40 @@ class TorchPagedBackend:
     name = "torch"
 
     def __init__(self, use_kernel: bool | None = None) -> None:
-        """use_kernel: decode with the C++ kernel when it loads (None: unless disabled)."""
-        self._kernel = cpu_extensions.load("decode") if use_kernel is not False else None
-        if use_kernel and self._kernel is None:
-            raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
-        prefill = cpu_extensions.load("prefill") if use_kernel is not False else None
-        self._prefill_kernel = prefill if prefill is not None and prefill.supported() else None
+        """use_kernel: decode with the C++ kernel when it loads (None: unless disabled). Unless asked
+        for, the C++ kernels load at their first use on CPU tensors: a CUDA worker never builds them."""
+        self._use_kernel = use_kernel
+        self._kernels: tuple | None = None  # (decode, prefill) once loaded
+        if use_kernel:
+            self._load_kernels()
         self._plan: _Plan | None = None
         self._workspace: torch.Tensor | None = None  # flat, grow-only, reused by every layer
+
+    def _load_kernels(self) -> tuple:
+        if self._kernels is None:
+            on = self._use_kernel is not False
+            kernel = cpu_extensions.load("decode") if on else None
+            if self._use_kernel and kernel is None:
+                raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
+            prefill = cpu_extensions.load("prefill") if on else None
+            self._kernels = (kernel, prefill if prefill is not None and prefill.supported() else None)
+        return self._kernels
+
+    @property
+    def _kernel(self):
+        return self._load_kernels()[0]
+
+    @_kernel.setter
+    def _kernel(self, kernel) -> None:
+        self._kernels = (kernel, self._load_kernels()[1])
+
+    @property
+    def _prefill_kernel(self):
+        return self._load_kernels()[1]
+
+    @_prefill_kernel.setter
+    def _prefill_kernel(self, kernel) -> None:
+        self._kernels = (self._load_kernels()[0], kernel)
 
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
         # flat view [2, num_blocks * block_size, Hkv, D]: row = slot
@@ -217,11 +243,11 @@ class TorchPagedBackend:
         return out
 
     def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        return self._kernel is not None and _layout_fits(query, kv_cache)
+        return _layout_fits(query, kv_cache) and self._kernel is not None
 
     def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        return (self._prefill_kernel is not None and _layout_fits(query, kv_cache) and query.dtype == torch.bfloat16
-                and kv_cache.shape[2] % 16 == 0 and query.shape[2] in (64, 128))
+        return (_layout_fits(query, kv_cache) and query.dtype == torch.bfloat16 and kv_cache.shape[2] % 16 == 0
+                and query.shape[2] in (64, 128) and self._prefill_kernel is not None)
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool, use_prefill_kernel: bool) -> _Plan:
         plan = self._plan
