@@ -64,9 +64,14 @@ class EmbeddedRedis:
     def tcp_url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def prepare(self) -> str:
+        """Its working directory, hence its URL, before it starts."""
+        self._dir = self._dir or tempfile.mkdtemp(prefix="pagedserve-redis-")
+        return self.url
+
     def start(self, timeout_s: float = 20.0, attempts: int = 3) -> str:
         """Start it, wait for PING (another port if the picked one was taken); returns the URL."""
-        self._dir = tempfile.mkdtemp(prefix="pagedserve-redis-")
+        self.prepare()
         for _ in range(attempts):
             self.port = free_port()
             self.child = Child("redis", [

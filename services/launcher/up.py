@@ -234,8 +234,14 @@ def run(args: argparse.Namespace) -> int:
             log.info("using redis at %s (REDIS_URL)", redis_url)
         else:
             embedded = EmbeddedRedis(sup)
-            redis_url = embedded.start()
-        return _run(args, sup, stop, redis_url)
+            redis_url = embedded.prepare()
+        env, services = child_env(redis_url, args), service_commands(args, redis_url)
+        for name, argv in services:  # a worker needs Redis only once loaded: it imports torch meanwhile
+            if name.startswith("worker"):
+                sup.start(Child(name, argv, env))
+        if embedded is not None:
+            embedded.start()
+        return _run(args, sup, stop, redis_url, [s for s in services if not s[0].startswith("worker")], env)
     except EmbeddedRedisError as e:
         log.error("%s", e)
         return 1
@@ -248,11 +254,11 @@ def run(args: argparse.Namespace) -> int:
         log.info("pagedserve up stopped")
 
 
-def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis_url: str) -> int:
+def _run(args: argparse.Namespace, sup: Supervisor, stop: threading.Event, redis_url: str,
+         services: list[tuple[str, list[str]]], env: dict[str, str]) -> int:
     if stop.is_set():
         return 0
-    env = child_env(redis_url, args)
-    for name, argv in service_commands(args, redis_url):
+    for name, argv in services:
         sup.start(Child(name, argv, env))
     base_url = probe_url(args.host, args.port)
     why = wait_ready(sup, base_url, args.ready_timeout, stop)

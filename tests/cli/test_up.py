@@ -79,6 +79,7 @@ def test_up_with_embedded_redis_serves_and_stops_on_sigint():
         assert redis.Redis(unix_socket_path=socket_path).ping()
         pids = {m.group(1): int(m.group(2)) for m in out.find(r"started (\w+) \(pid (\d+)\)")}
         assert set(pids) == {"redis", "kvstore", "scheduler", "worker", "api"}, out.text()
+        assert list(pids)[:2] == ["worker", "redis"]  # the worker loads while Redis starts
         assert port_open(redis_port)
         base_url = f"http://127.0.0.1:{port}"
         assert ready(base_url)
