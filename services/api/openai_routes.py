@@ -86,19 +86,25 @@ async def responses(request: Request) -> Response:
     if api_request.why == CLIENT_GONE:
         return Response(status_code=499)
     gen = api_request.gens[0]
-    return JSONResponse(shape.response(gen.text, gen.finish_reason, api_request.usage()))
+    return JSONResponse(shape.response(gen.text, gen.finish_reason, api_request.usage(), _logprobs(gen, gen.logprobs)))
+
+
+def _logprobs(gen, scored) -> list | None:
+    return (fmt.chat_logprobs(gen, scored) or {}).get("content")
 
 
 async def _response_events(request: ApiRequest, shape: ResponseShape):
     for event in shape.opening():
         yield _named_sse(event)
+    gen, held = request.gens[0], []
     async for _index, out in request.outputs():
+        held += out.logprobs  # a token of half a character waits for the text it completes
         if out.text:
-            yield _named_sse(shape.delta(out.text))
+            yield _named_sse(shape.delta(out.text, _logprobs(gen, held)))
+            held = []
     if request.why == CLIENT_GONE:
         return
-    gen = request.gens[0]
-    for event in shape.closing(gen.text, gen.finish_reason, request.usage()):
+    for event in shape.closing(gen.text, gen.finish_reason, request.usage(), _logprobs(gen, gen.logprobs)):
         yield _named_sse(event)
 
 

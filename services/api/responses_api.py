@@ -2,8 +2,8 @@
 (instructions as the system message, `input` as the conversation) and runs on the chat path;
 the answer is a `response` object, or its SSE events (response.created ... response.completed).
 
-What it does not serve (previous_response_id, tools, reasoning, background, ...) is a 400 naming
-the field. `store` (true by OpenAI's default) is accepted and nothing is stored, as vLLM does
+What it does not serve (previous_response_id, tools, reasoning effort, background, ...) is a 400
+naming the field; replayed reasoning items in `input` are dropped (the model has none to show). `store` (true by OpenAI's default) is accepted and nothing is stored, as vLLM does
 without --enable-store: the answer says "store": false.
 """
 
@@ -18,10 +18,13 @@ from pydantic import BaseModel, ConfigDict
 
 from pagedserve.services.api.protocol import ApiError
 
+_LOGPROBS = "message.output_text.logprobs"
+_SAMPLING = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop")
+
 # field -> values that ask for nothing beyond text in, text out
 _REFUSED = {"previous_response_id": (None,), "conversation": (None,), "tools": (None, []),
-            "tool_choice": (None, "none", "auto"), "reasoning": (None,), "background": (None, False),
-            "include": (None, []), "prompt": (None,), "truncation": (None, "disabled"),
+            "tool_choice": (None, "none", "auto"), "reasoning": (None, {}, {"effort": "none"}, {"effort": None}),
+            "background": (None, False), "include": (None, [], [_LOGPROBS]), "prompt": (None,), "truncation": (None, "disabled"),
             "max_tool_calls": (None,)}
 
 
@@ -34,6 +37,8 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_logprobs: int | None = None
+    include: list[str] | None = None
     stream: bool = False
     user: str | None = None
     text: dict[str, Any] | None = None
@@ -59,8 +64,10 @@ def chat_body(data: dict) -> tuple[dict, ResponsesRequest]:
                        code="unsupported")
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages += [{"role": "user", "content": body.input}] if isinstance(body.input, str) else \
-        [_message(item, i) for i, item in enumerate(body.input)]
-    chat = {"messages": messages, "stream": body.stream}
+        [_message(item, i) for i, item in enumerate(body.input) if item.get("type") != "reasoning"]
+    chat = {"messages": messages, "stream": body.stream, **{k: data[k] for k in _SAMPLING if k in data}}
+    if _LOGPROBS in (body.include or []):
+        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     for ours, theirs in (("model", "model"), ("max_tokens", "max_output_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p"), ("user", "user")):
         if getattr(body, theirs) is not None:
@@ -96,27 +103,28 @@ class ResponseShape:
         self.created_at = int(time.time())
         self.seq = -1
 
-    def response(self, text: str | None, finish_reason: str | None, usage: dict | None) -> dict:
+    def response(self, text: str | None, finish_reason: str | None, usage: dict | None,
+                 logprobs: list | None = None) -> dict:
         """text None: in progress (no output yet)."""
         incomplete = finish_reason == "length"
         status = "in_progress" if text is None else "incomplete" if incomplete else "completed"
-        output = [] if text is None else [self.item(text, "incomplete" if incomplete else "completed")]
+        output = [] if text is None else [self.item(text, "incomplete" if incomplete else "completed", logprobs)]
         b = self.body
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
                 "model": self.model, "output": output, "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
-                "temperature": b.temperature, "top_p": b.top_p, "parallel_tool_calls": True, "tool_choice": "auto",
+                "temperature": b.temperature, "top_p": b.top_p, "top_logprobs": b.top_logprobs, "parallel_tool_calls": True, "tool_choice": "auto",
                 "tools": [], "store": False, "text": {"format": {"type": "text"}}, "metadata": b.metadata or {}, "user": b.user,
                 "usage": self.usage(usage) if usage else None}
 
-    def item(self, text: str, status: str) -> dict:
+    def item(self, text: str, status: str, logprobs: list | None = None) -> dict:
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
-                "content": [self.part(text)]}
+                "content": [self.part(text, logprobs)]}
 
     @staticmethod
-    def part(text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def part(text: str, logprobs: list | None = None) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
     @staticmethod
     def usage(usage: dict) -> dict:
@@ -137,15 +145,15 @@ class ResponseShape:
                            item={**self.item("", "in_progress"), "content": []}),
                 self.event("response.content_part.added", **at, content_index=0, part=self.part(""))]
 
-    def delta(self, text: str) -> dict:
+    def delta(self, text: str, logprobs: list | None = None) -> dict:
         return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
-                          delta=text, logprobs=[])
+                          delta=text, logprobs=logprobs or [])
 
-    def closing(self, text: str, finish_reason: str | None, usage: dict) -> list[dict]:
+    def closing(self, text: str, finish_reason: str | None, usage: dict, logprobs: list | None = None) -> list[dict]:
         at = {"item_id": self.item_id, "output_index": 0}
-        done = self.response(text, finish_reason, usage)
+        done = self.response(text, finish_reason, usage, logprobs)
         final = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
-        return [self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
-                self.event("response.content_part.done", **at, content_index=0, part=self.part(text)),
+        return [self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=logprobs or []),
+                self.event("response.content_part.done", **at, content_index=0, part=self.part(text, logprobs)),
                 self.event("response.output_item.done", output_index=0, item=done["output"][0]),
                 self.event(final, response=done)]

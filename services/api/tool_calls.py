@@ -56,10 +56,11 @@ def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
     if choice == "none":
         return None, None
     if choice == "required":
-        calls = {"type": "array", "minItems": 1, "items": {"anyOf": [_call_schema(f) for f in functions]}}
+        anyof = [_call_schema(f, i) for i, f in enumerate(functions)]
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": anyof}}
         if not parallel:
             calls["maxItems"] = 1
-        return ToolUse("required", functions, parallel), json_schema_guide(calls, "tools")
+        return ToolUse("required", functions, parallel), json_schema_guide(_rooted(calls, functions), "tools")
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
@@ -68,7 +69,7 @@ def tool_use(body) -> tuple[ToolUse | None, GuidedDecoding | None]:
     if name not in names:
         raise ApiError(400, f"tool_choice names the function {name!r}, which is not in tools", param="tool_choice")
     function = functions[names.index(name)]
-    return ToolUse("named", [function]), json_schema_guide(_call_schema(function), "tools")
+    return ToolUse("named", [function]), json_schema_guide(_rooted(_call_schema(function, 0), [function]), "tools")
 
 
 def _function(tool, index: int) -> dict:
@@ -86,9 +87,31 @@ def _function(tool, index: int) -> dict:
     return {"name": name, "description": function.get("description") or "", "parameters": parameters}
 
 
-def _call_schema(function: dict) -> dict:
-    return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
+def _call_schema(function: dict, i: int) -> dict:
+    arguments = {"$ref": f"#/$defs/f{i}"} if _refers(function["parameters"]) else function["parameters"]
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _rooted(schema: dict, functions: list[dict]) -> dict:
+    """A parameters schema's local $refs ("#/$defs/...") point from its own root: one that has them
+    moves under the wrapping schema's $defs, its pointers rebased there (xgrammar follows no array index)."""
+    defs = {f"f{i}": _rebased(f["parameters"], f"#/$defs/f{i}") for i, f in enumerate(functions)
+            if _refers(f["parameters"])}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _refers(node) -> bool:
+    if isinstance(node, dict):
+        return any((k == "$ref" and isinstance(v, str) and v.startswith("#")) or _refers(v) for k, v in node.items())
+    return isinstance(node, list) and any(_refers(v) for v in node)
+
+
+def _rebased(node, root: str):
+    if isinstance(node, dict):
+        return {k: root + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebased(v, root)
+                for k, v in node.items()}
+    return [_rebased(v, root) for v in node] if isinstance(node, list) else node
 
 
 def _strict_calls(functions: list[dict], strict: list[bool], parallel: bool) -> GuidedDecoding:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import openai
 import pydantic
 import pytest
@@ -113,3 +114,24 @@ def test_bad_schema_is_a_400_before_anything_runs(oai):
     with pytest.raises(openai.BadRequestError) as info:
         oai.completions.create(model="smollm2", prompt="x", extra_body={"guided_regex": "a(b"})
     assert "guided_regex" in str(info.value)
+
+
+def test_tool_parameters_with_defs_and_refs_constrain_the_call(oai):
+    """A parameters schema's "#/$defs/..." pointers (pydantic writes them) resolve within it, for a
+    named call and for required ones, beside a tool without refs."""
+    parameters = {"type": "object", "properties": {"unit": {"$ref": "#/$defs/Unit"}, "when": {"$ref": "#/$defs/Day"}},
+                  "required": ["unit", "when"],
+                  "$defs": {"Unit": {"enum": ["celsius", "fahrenheit"]}, "Day": {"enum": ["today", "tomorrow"]}}}
+    tools = [WEATHER, {"type": "function", "function": {"name": "get_forecast", "parameters": parameters}}]
+    messages = [{"role": "user", "content": "What is the forecast for Rome?"}]
+    named = {"type": "function", "function": {"name": "get_forecast"}}
+    for choice, extra in ((named, {}), ("required", {"parallel_tool_calls": False})):
+        r = oai.chat.completions.create(model="smollm2", messages=messages, tools=tools, tool_choice=choice,
+                                        temperature=1.0, max_tokens=120, **extra)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason in ("stop", "tool_calls") and len(calls) == 1
+        arguments = json.loads(calls[0].function.arguments)
+        if calls[0].function.name == "get_forecast":
+            jsonschema.validate(arguments, parameters)
+        else:
+            assert set(arguments) == {"city", "unit"} and choice == "required"
