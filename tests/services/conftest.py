@@ -7,9 +7,7 @@ process on the wire: its own api_id and heartbeat, SubmitRequest/AbortRequest on
 requests stream, DeltaBatches read from its deltas stream. Other e2e suites can import
 both (`from tests.services.conftest import ServiceStack, TestApi`).
 
-The `backend_stack` fixture is module-scoped (one stack per test module: starting the
-worker loads the model); a failing test that uses any ServiceStack fixture gets the
-services' logs in its report.
+A failing test that uses any ServiceStack fixture gets the services' logs in its report.
 """
 
 from __future__ import annotations
@@ -228,13 +226,6 @@ def start_backend(log_dir: Path, **kwargs) -> ServiceStack:
         stack.close()
         raise
     return stack
-
-
-@pytest.fixture(scope="module")
-def backend_stack(tmp_path_factory):
-    stack = start_backend(tmp_path_factory.mktemp("stack"))
-    yield stack
-    stack.close()
 
 
 @pytest.hookimpl(hookwrapper=True)
