@@ -11,7 +11,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from pagedserve.services.kvstore.tier_index import TierIndex
 
-
 OWNERS = ("w1", "w2")
 
 
