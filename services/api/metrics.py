@@ -56,7 +56,9 @@ class StatsCollector:
                           _number(kv, "num_cached_free_blocks"), kv_workers, "num_cached_free_blocks")
         for name, doc, key in (("kv_offload_usage_perc", "KV offload tier usage: bytes held / its budget.", "tier_usage"),
                                ("kv_offload_used_bytes", "Bytes of KV blocks the offload tier holds.", "tier_used_bytes"),
-                               ("kv_offload_blocks", "KV blocks the offload tier holds.", "tier_num_blocks")):
+                               ("kv_offload_blocks", "KV blocks the offload tier holds.", "tier_num_blocks"),
+                               ("kv_offload_pending_blocks", "Offload tier stores planned, not yet written.",
+                                "tier_num_pending")):
             yield GaugeMetricFamily(PREFIX + name, doc, value=_number(kv, key))
         counters = (  # name, doc, blob, key in the blob and in its per-worker blobs
             ("prefix_cache_queries", "Prefix cache queries, in tokens.", kv, "prefix_cache_queries"),
@@ -84,6 +86,8 @@ class StatsCollector:
             ("kv_offload_store_seconds", "Seconds of offload tier writes (off the step's path).", sched,
              "tier_store_seconds_total"),
             ("kv_offload_evictions", "Offload tier blocks evicted for room (LRU).", kv, "tier_num_evicted"),
+            ("kv_offload_cancelled_blocks", "Offload tier stores dropped unwritten (refused, late or orphaned).",
+             kv, "tier_num_cancelled"),
             ("resumed_requests", "Preempted or moved requests admitted again.", sched, "num_resumed_total"),
             ("resumed_recomputed_tokens", "Known tokens resumed requests computed again (neither tier had "
              "them).", sched, "num_resumed_recomputed_tokens_total"),
