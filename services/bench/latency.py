@@ -7,6 +7,8 @@ A lone random prompt, greedy with ignore_eos, --repeat times, each run prefillin
 prefix cache in-process, a fresh prompt per server run). TTFT: submit -> first token; per-token:
 mean later gap. Min (uncontended cost) and median over runs. --launch also gives each service's CPU
 ms per token (one step a token), where a lone request's time through the stack goes.
+In-process, --speculative-config applies; --draft-tokens 0,1,4 times a verification step of 1 + K
+tokens (K drafts a step, forced and rejected, so each step still adds one token) against a plain one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--draft-tokens", default=None, metavar="K,...",
+                        help="in-process: per-step cost with K forced (rejected) drafts a step, for each K")
 
 
 def lone_requests(args: argparse.Namespace) -> list[BenchRequest]:
@@ -38,24 +42,33 @@ def lone_requests(args: argparse.Namespace) -> list[BenchRequest]:
             for _ in range(args.repeat)]
 
 
-def _inprocess(requests: list[BenchRequest], args: argparse.Namespace) -> list[tuple[float, float]]:
+def _inprocess(requests: list[BenchRequest], args: argparse.Namespace,
+               draft_tokens: int = 0) -> list[tuple[float, float, float]]:
+    """(ttft, per-token, per-step) of each run."""
     from pagedserve.services.engine import Engine
     from pagedserve.shared.config import EngineConfig
     from pagedserve.shared.messages import SamplingParams
 
+    forced = {"method": "ngram", "num_speculative_tokens": draft_tokens} if draft_tokens else None
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                  gpu_memory_utilization=args.gpu_memory_utilization,
-                                 kv_cache_memory=args.kv_cache_memory))
+                                 kv_cache_memory=args.kv_cache_memory,
+                                 speculative_config=forced or args.speculative_config))
+    if forced:  # a token no prompt holds at every draft position: verified, then rejected
+        engine.scheduler._speculator._propose = lambda request, k: [0] * k if k >= 1 else []
     engine.generate([requests[0].prompt_token_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True))
     runs = []
     for r in requests:
         started = time.perf_counter()
         engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
-        times = []
+        times, counts = [], []
         while engine.has_unfinished_requests():
-            if any(d.new_token_ids for d in engine.step()):
+            new = sum(len(d.new_token_ids) for d in engine.step())
+            if new:
                 times.append(time.perf_counter())
-        runs.append((times[0] - started, (times[-1] - times[0]) / max(1, len(times) - 1)))
+                counts.append(new)
+        gap = times[-1] - times[0]
+        runs.append((times[0] - started, gap / max(1, sum(counts[1:])), gap / max(1, len(times) - 1)))
     return runs
 
 
@@ -72,19 +85,30 @@ def _over_http(base_url: str, requests: list[BenchRequest], args: argparse.Names
         (record,), _wall = asyncio.run(run_load(base_url, served_model(args), [r], math.inf, 1, args.api_key))
         if not record.ok:
             raise RuntimeError(f"request failed: {record.error}")
-        runs.append((record.ttft_s, record.tpot_s or math.nan))
+        runs.append((record.ttft_s, record.tpot_s or math.nan, math.nan))
     if cpu is None:
         return runs, {}
     time.sleep(2 * SCRAPE_EVERY_S)  # the scheduler's stats blob catches up with the last step
     return runs, StackCpu.per_step(before, cpu.snapshot())  # one step a token: no drafts here
 
 
-def _summary(system: str, runs: list[tuple[float, float]]) -> dict:
-    ttft = [t for t, _ in runs]
-    per_token = [p for _, p in runs]
-    return {"system": system, "runs": len(runs), "ttft_min_ms": min(ttft) * 1e3,
-            "ttft_median_ms": statistics.median(ttft) * 1e3, "per_token_min_ms": min(per_token) * 1e3,
-            "per_token_median_ms": statistics.median(per_token) * 1e3}
+def _summary(system: str, runs: list[tuple[float, float, float]]) -> dict:
+    summary = {"system": system, "runs": len(runs)}
+    for i, name in enumerate(("ttft", "per_token", "per_step")):
+        values = [run[i] for run in runs]
+        summary[f"{name}_min_ms"], summary[f"{name}_median_ms"] = min(values) * 1e3, statistics.median(values) * 1e3
+    return summary
+
+
+def _draft_costs(requests: list[BenchRequest], args: argparse.Namespace) -> list[dict]:
+    """One row per K: the step's cost, and its ratio to the plain step's (K = 0), by medians."""
+    results = []
+    for k in sorted({0, *(int(k) for k in args.draft_tokens.split(","))}):
+        result = _summary(f"pagedserve-inprocess ({k} drafts a step)", _inprocess(requests, args, k))
+        result["draft_tokens"] = k
+        result["step_cost_x"] = result["per_step_median_ms"] / (results[0] if results else result)["per_step_median_ms"]
+        results.append(result)
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,12 +123,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.url is not None:
         url = args.url.rstrip("/")
         results = [_summary(f"server@{url}", _over_http(url, requests, args)[0])]
+    elif args.draft_tokens:
+        results = _draft_costs(requests, args)
     else:
         results = [_summary("pagedserve-inprocess", _inprocess(requests, args))]
     for r in results:
         r["prompt_len"], r["output_len"], r["dtype"] = args.prompt_len, args.output_len, args.dtype
     print_table(results, ["system", "runs", "ttft_min_ms", "ttft_median_ms", "per_token_min_ms",
-                          "per_token_median_ms"])
+                          "per_token_median_ms", "per_step_median_ms"] + (["step_cost_x"] if args.draft_tokens else []))
     cpu_columns = sorted({c for r in results for c in r if c.startswith("cpu_ms_per_step_")})
     if cpu_columns:  # where a token's CPU goes, by service: on few cores the others' share delays the worker
         print_table(results, ["system", "steps", *cpu_columns])

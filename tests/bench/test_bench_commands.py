@@ -44,6 +44,16 @@ def test_latency_in_process(tmp_path):
     assert "per_token_median_ms" in proc.stdout
 
 
+def test_latency_times_verification_steps_against_a_plain_one(tmp_path):
+    out = tmp_path / "r.json"
+    _bench("latency", "--prompt-len", "20", "--output-len", "5", "--repeat", "1", "--dtype", "float32",
+           "--draft-tokens", "3,1", "--output", str(out))
+    results = json.loads(out.read_text())
+    assert [r["draft_tokens"] for r in results] == [0, 1, 3]
+    assert [r["system"] for r in results] == [f"pagedserve-inprocess ({k} drafts a step)" for k in (0, 1, 3)]
+    assert results[0]["step_cost_x"] == 1.0 and all(r["per_step_median_ms"] > 0 for r in results)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
     from pagedserve.services.gpu_worker.kernels import cpu_extensions
