@@ -1,4 +1,4 @@
-"""Speculative decoding (ngram) on the real model (SmolLM2, float32) in the in-process engine: greedy
+"""Speculative decoding (ngram, suffix) on the real model (SmolLM2, float32) in the in-process engine: greedy
 tokens equal those without speculation alone, batched, with prefix caching and after preemption; a
 seeded sampled request gives the same tokens with or without; drafts are verified and accepted."""
 
@@ -45,6 +45,14 @@ def test_alone_and_batched_greedy_tokens_are_the_same_and_drafts_are_accepted(en
         assert _tokens(engines[True], prompts, GREEDY) == _tokens(engines[False], prompts, GREEDY)
     assert counters.num_accepted_tokens - before > 20  # the rewrite quotes its input
     assert engines[False].scheduler._speculator.counters.num_drafts == 0
+
+
+def test_suffix_drafts_keep_the_greedy_tokens_alone_and_batched(engines):
+    suffix = _engine({"method": "suffix", "num_speculative_tokens": 16})
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        assert _tokens(suffix, prompts, GREEDY) == _tokens(engines[False], prompts, GREEDY)
+    speculator = suffix.scheduler._speculator
+    assert speculator.counters.num_accepted_tokens > 20 and len(speculator.suffix.cache) == 4
 
 
 def test_a_cached_prefix_changes_no_token(engines):
