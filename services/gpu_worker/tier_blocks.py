@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
@@ -30,16 +31,34 @@ def pool_namespace(model: str, kv_caches: list[torch.Tensor], block_size: int) -
 
 def pack_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], out: torch.Tensor) -> list[memoryview]:
     """Each block's bytes as a row of `out` (uint8 [>= len(block_ids), block_bytes], host)."""
+    array = out[:len(block_ids)].numpy()
+    if kv_caches[0].device.type == "cpu":
+        _pack_on_host(kv_caches, np.asarray(block_ids), array)
+    else:
+        _pack_on_device(kv_caches, block_ids, out[:len(block_ids)])
+    return [memoryview(array[row]) for row in range(len(block_ids))]
+
+
+def _pack_on_host(kv_caches: list[torch.Tensor], ids: np.ndarray, array: np.ndarray) -> None:
+    """numpy copies on this thread alone: torch's OpenMP team spins while the writer and Redis run."""
+    offset = 0
+    for layer in kv_caches:
+        source = layer.view(torch.uint8).numpy().reshape(layer.shape[0], layer.shape[1], -1)
+        size = source.shape[0] * source.shape[2]
+        target = array[:, offset:offset + size].reshape(len(ids), source.shape[0], source.shape[2])
+        for part in range(source.shape[0]):
+            target[:, part] = source[part, ids]
+        offset += size
+
+
+def _pack_on_device(kv_caches: list[torch.Tensor], block_ids: list[int], rows: torch.Tensor) -> None:
     ids = torch.tensor(block_ids, device=kv_caches[0].device)
-    rows = out[:len(block_ids)]
     offset = 0
     for layer in kv_caches:
         shape, size = layer[:, 0].shape, layer[:, 0].numel() * layer.element_size()
         target = rows[:, offset:offset + size].view(layer.dtype).view(len(block_ids), *shape)
         target.copy_(layer.index_select(1, ids).transpose(0, 1))
         offset += size
-    array = rows.numpy()
-    return [memoryview(array[row]) for row in range(len(block_ids))]
 
 
 def unpack_block(kv_caches: list[torch.Tensor], block_id: int, blob: bytes) -> None:

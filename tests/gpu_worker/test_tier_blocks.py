@@ -43,6 +43,15 @@ def test_a_packed_block_is_each_layers_slice_in_layer_order():
     assert torch.equal(torch.frombuffer(bytearray(blob), dtype=torch.float32), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_the_host_pack_gives_the_device_packs_bytes(dtype):
+    kv = pool(dtype, num_blocks=6)
+    host, device = buffer(kv, 5), buffer(kv, 4)
+    blobs = [bytes(b) for b in tier_blocks.pack_blocks(kv, [5, 0, 3, 0], host)]
+    tier_blocks._pack_on_device(kv, [5, 0, 3, 0], device)
+    assert blobs == [bytes(row.numpy()) for row in device] and host[4].eq(7).all()
+
+
 def test_namespaces_differ_by_dtype_layout_and_block_size():
     names = {tier_blocks.pool_namespace("m", pool(d), 4) for d in (torch.float32, torch.bfloat16, torch.int8)}
     names |= {tier_blocks.pool_namespace("m", pool(torch.float32, layers=2), 4),
