@@ -20,7 +20,7 @@ import torch
 
 from pagedserve.services.gpu_worker import tier_blocks
 from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
-from pagedserve.services.gpu_worker.tier_writer import TierWriter
+from pagedserve.services.gpu_worker.tier_writer import TierWriter, writer_client
 from pagedserve.shared.streams import Keys
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -44,7 +44,7 @@ async def run(args) -> dict:
     client = redis.Redis.from_url(args.redis_url)
     redis_pid = int(client.info("server")["process_id"])
     keys = Keys(prefix=args.prefix)
-    writer = TierWriter(redis.Redis.from_url(args.redis_url), keys, "bench")
+    writer = TierWriter(writer_client(args.redis_url, 30.0), keys, "bench")
     writer_tid = writer._thread.submit(threading.get_native_id).result()
     buffers = PackBuffers(tier_blocks.block_bytes(kv_caches), 64 << 20)
     requests = {"r": SimpleNamespace(block_ids=list(range(args.pool_blocks)),

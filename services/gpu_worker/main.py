@@ -12,7 +12,6 @@ import sys
 from pagedserve.services.gpu_worker.startup import StartupPhases
 from pagedserve.shared import redis_io
 from pagedserve.shared.config import ConfigError, EngineConfig
-from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
@@ -97,12 +96,13 @@ def run(args: argparse.Namespace) -> int:
         log.critical("worker %s cannot start: %s: %s", args.worker_id, type(e).__name__, e, exc_info=True)
         return 1
     from pagedserve.services.gpu_worker.loop import WorkerLoop
+    from pagedserve.services.gpu_worker.tier_writer import writer_client
 
     phases.begin("joining the stack (heartbeat, hello to the scheduler)")
 
     return redis_io.run_loop(args.redis_url, "worker", lambda r: WorkerLoop(
         r, Keys(args.prefix), worker, args.worker_id, config.model, max_model_len, compute,
-        sync_client(args.redis_url, socket_timeout=TIER_WRITE_TIMEOUT_S)))
+        writer_client(args.redis_url, TIER_WRITE_TIMEOUT_S)))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,23 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import redis
+from redis._parsers import Encoder
+from redis.connection import PythonRespSerializer
+
 from pagedserve.services.gpu_worker.tier_blocks import StoreTally
 from pagedserve.shared import kv_tier
+from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import Keys
+
+PACKER_CUTOFF = 6000  # redis-py's: a larger argument goes to the socket on its own
+
+
+def writer_client(redis_url: str, timeout_s: float) -> redis.Redis:
+    """A blocking client that sends each block's memoryview as it is: the hiredis packer redis-py
+    picks otherwise copies every value twice (bytes(), then the whole command)."""
+    packer = PythonRespSerializer(PACKER_CUTOFF, Encoder("utf-8", "strict", False).encode)
+    return sync_client(redis_url, socket_timeout=timeout_s, command_packer=packer)
 
 
 class TierWriter:

@@ -5,11 +5,14 @@ waits exactly for the writes of the steps it names, in step order, and names the
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import uuid
 
 import redis
 
-from pagedserve.services.gpu_worker.tier_writer import TierWriter
+from pagedserve.services.gpu_worker.tier_writer import TierWriter, writer_client
+from pagedserve.shared import kv_tier
 from pagedserve.shared.messages import StepResult
 from pagedserve.shared.streams import Keys
 
@@ -103,3 +106,18 @@ def test_a_refused_write_is_logged_and_not_counted_and_frees_its_buffer():
 
     asyncio.run(scenario())
     writer.close()
+
+
+def test_the_writer_client_sends_block_values_as_they_are_and_redis_holds_their_bytes():
+    client = writer_client(os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0", 5.0)
+    value = memoryview(bytearray(range(256)) * 40)
+    chunks = client.connection_pool.get_connection().pack_commands([("SET", "k", value)])
+    assert sum(chunk is value for chunk in chunks) == 1
+    keys = Keys(f"test-writer-{uuid.uuid4().hex[:8]}")
+    prefix = f"{keys.prefix}:kvtier:ns:"
+    try:
+        assert kv_tier.store_blocks(client, keys, "ns", [(b"\x01", value), (b"\x02", value[:7])])
+        assert client.get(prefix + "01") == bytes(value) and client.get(prefix + "02") == bytes(range(7))
+    finally:
+        client.delete(prefix + "01", prefix + "02")
+        client.close()
