@@ -29,10 +29,13 @@ def test_build_then_cached(tmp_path):
     assert lines[2].startswith("  fused     built in ")
     assert "building CPU kernels (first start" in first.stderr
     assert list(tmp_path.rglob("pagedserve_cpu_fused*.so")) and list(tmp_path.rglob("pagedserve.stamp"))
+    for obj in tmp_path.rglob("*.o"):  # ninja would rebuild it: a cached kernel loads its .so alone
+        obj.unlink()
     second = _build(tmp_path, "--only", "fused")
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.splitlines()[1:] == ["  fused     cached"]
     assert "building CPU kernels" not in second.stderr
+    assert not list(tmp_path.rglob("*.o"))
 
 
 def test_kernels_off_builds_nothing(tmp_path):

@@ -90,6 +90,23 @@ def _say_building() -> None:
                 "`pagedserve build-kernels` does this ahead)...", build_dir("fused").parent)
 
 
+def _import_built(name: str, directory: Path):
+    """The stamped build's .so, without ninja: the stamp keys the sources' content, where ninja's
+    rules key their path, so a checkout elsewhere (a clean clone) would recompile; None if unloadable."""
+    import importlib.util
+
+    import torch  # noqa: F401  (loads the libraries the .so links to)
+
+    module_name = f"pagedserve_cpu_{name}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, directory / f"{module_name}.so")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError, AttributeError):
+        return None
+    return module
+
+
 @functools.cache
 def load(name: str):
     """The compiled module `name` (a key of SOURCES), or None."""
@@ -105,9 +122,11 @@ def load(name: str):
             built, start = is_built(name), time.monotonic()
             if not built:
                 _say_building()
-            module = cpp_extension.load(name=f"pagedserve_cpu_{name}", sources=[str(SOURCES[name])],
-                                        build_directory=str(directory), extra_cflags=compile_flags(name),
-                                        extra_ldflags=["-fopenmp"], verbose=False)
+            module = _import_built(name, directory) if built else None
+            if module is None:
+                module = cpp_extension.load(name=f"pagedserve_cpu_{name}", sources=[str(SOURCES[name])],
+                                            build_directory=str(directory), extra_cflags=compile_flags(name),
+                                            extra_ldflags=["-fopenmp"], verbose=False)
             if not built:
                 (directory / "pagedserve.stamp").write_text(_stamp(name))
                 log.info("built CPU kernel %r in %.0f s", name, time.monotonic() - start)
