@@ -15,20 +15,21 @@ from tests.services.conftest import TestApi, start_backend, wait_for
 pytestmark = pytest.mark.slow
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 8}
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"
 PROMPTS = [f"Rewrite this code with type hints:\n{CODE}\nAnswer:\n",
            "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"]
 
 
-@pytest.fixture(scope="module")
-def spec_stack(tmp_path_factory):
+@pytest.fixture(scope="module", params=[NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def spec_stack(tmp_path_factory, request):
     stack = start_backend(tmp_path_factory.mktemp("spec"),
-                          args={"scheduler": ["--speculative-config", json.dumps(NGRAM)]})
+                          args={"scheduler": ["--speculative-config", json.dumps(request.param)]})
     yield stack
     stack.close()
 
 
-def test_the_stack_with_ngram_speculation_gives_the_engines_tokens(spec_stack, engine_f32, tokenizer):
+def test_the_stack_with_speculation_gives_the_engines_tokens(spec_stack, engine_f32, tokenizer):
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     greedy = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     seeded = SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)
