@@ -4,12 +4,10 @@ Teacher-forced: held-out text (stdlib docstrings, not the model's chat data) cut
 positions, one prefill per KV storage, logits at every position: top-1 agreement with the model's
 own dtype, the mean |difference| of that top-1 token's logprob, and how many disagreements fall
 on near-ties of the baseline (its top two within NEAR_TIE: a bf16 model's logits cannot order them,
-and any change of rounding flips them). Storages: auto (the model's
-dtype), int8 (the real pool), and, simulated in a wider pool (quantize then dequantize on write,
-read by the same SDPA path): no quantization (the floor of a different summation order), int8 in
-groups of 32 (what the pool stores) and int8 with one scale per row (token and head: coarser,
-the format before groups). Then --prompts prompts x --tokens greedy tokens: where
-int8 and auto outputs first diverge."""
+and any change of rounding flips them). Storages: auto (the model's dtype), int8 (the real pool),
+and SOURCES, simulated in a wider pool (quantize then restore on write), each read by the baseline's
+kernel or in float32: the error sources of int8 one at a time. Then --prompts prompts x --tokens greedy
+tokens: where int8 and auto outputs first diverge."""
 
 from __future__ import annotations
 
@@ -32,28 +30,52 @@ NEAR_TIE = 0.25
 HELD_OUT_MODULES = ("textwrap", "difflib", "heapq", "bisect", "fractions", "statistics", "shlex", "string")
 
 
+def round_trip(x: torch.Tensor, group: int, exact_scales: bool = False) -> torch.Tensor:
+    """x quantized to int8 in groups of `group` along the last dim and restored, in float32: with
+    kv_quant's 12-bit scales (max|x| / 127 rounded up), or exact float32 ones."""
+    xf = x.float().unflatten(-1, (-1, group))
+    scale = xf.abs().amax(-1, keepdim=True) / kv_quant.QMAX
+    if not exact_scales:
+        shift = 31 - kv_quant.SCALE_BITS
+        bits = (scale.view(torch.int32) + (1 << shift) - 1) >> shift
+        scale = (bits.clamp_min(16) << shift).view(torch.float32)
+    scale = scale.clamp_min(1e-30)
+    return (torch.round(xf / scale).clamp(-kv_quant.QMAX, kv_quant.QMAX) * scale).flatten(-2)
+
+
 class FakeQuantBackend:
-    """Wraps a backend: K/V rows are quantized to int8 and back (per_row None: not at all; True: one
-    bf16 scale per row; False: kv_quant's groups) before they are stored in a pool wider than the
-    model's dtype, which the attention reads in the model's dtype."""
+    """Wraps a backend: K and V rows go through their round trip (None: stored as they are) into a
+    wider pool; attend reads it in float32, or as a copy in the model's dtype: then the kernel is the
+    baseline's, and only the rounding of K and V differs from it."""
 
-    def __init__(self, inner, per_row: bool | None):
-        self.inner, self.per_row, self.name = inner, per_row, inner.name
-
-    def _round_trip(self, x: torch.Tensor) -> torch.Tensor:
-        if self.per_row is None:
-            return x
-        if not self.per_row:
-            return kv_quant.dequantize(kv_quant.quantize(x), x.dtype)
-        xf = x.float()
-        scale = (xf.abs().amax(-1, keepdim=True) / kv_quant.QMAX).clamp_min(1e-30).to(torch.bfloat16).float()
-        return (torch.round(xf / scale).clamp(-kv_quant.QMAX, kv_quant.QMAX) * scale).to(x.dtype)
+    def __init__(self, inner, k_trip, v_trip, float32_attention: bool = False):
+        self.inner, self.name = inner, inner.name
+        self.trips, self.float32_attention = (k_trip, v_trip), float32_attention
 
     def write_kv(self, key, value, kv_cache, meta):
-        self.inner.write_kv(self._round_trip(key), self._round_trip(value), kv_cache, meta)
+        k, v = (x if trip is None else trip(x) for trip, x in zip(self.trips, (key, value), strict=True))
+        self.inner.write_kv(k, v, kv_cache, meta)
 
     def attend(self, query, kv_cache, meta, scale):
-        return self.inner.attend(query, kv_cache, meta, scale)
+        if self.float32_attention:
+            return self.inner.attend(query.float(), kv_cache, meta, scale).to(query.dtype)
+        return self.inner.attend(query, kv_cache.to(query.dtype), meta, scale)
+
+
+def groups_of(group: int, exact_scales: bool = False):
+    return lambda x: round_trip(x, group if x.shape[-1] % group == 0 else x.shape[-1], exact_scales)
+
+
+PER_ROW = lambda x: round_trip(x, x.shape[-1])  # noqa: E731
+# (K round trip, V round trip, float32 attention): each error source of int8 on its own
+SOURCES = {"sim-unquantized-float32": (None, None, True),
+           "sim-int8-groups": (groups_of(32), groups_of(32), False),
+           "sim-int8-groups-float32": (groups_of(32), groups_of(32), True),
+           "sim-int8-exact-scales": (groups_of(32, True), groups_of(32, True), False),
+           "sim-int8-groups-of-16": (groups_of(16), groups_of(16), False),
+           "sim-int8-k-only": (groups_of(32), None, False),
+           "sim-int8-v-only": (None, groups_of(32), False),
+           "sim-int8-per-row": (PER_ROW, PER_ROW, False)}
 
 
 def held_out_tokens(model: str, positions: int) -> list[list[int]]:
@@ -67,15 +89,15 @@ def held_out_tokens(model: str, positions: int) -> list[list[int]]:
     return chunks
 
 
-def logprobs(worker: Worker, token_ids: list[int], per_row: bool | None = False, simulate: bool = False):
-    """float32 [n, vocab] log-softmax at every position of one prefill (simulate: FakeQuantBackend)."""
+def logprobs(worker: Worker, token_ids: list[int], source: tuple | None = None):
+    """float32 [n, vocab] log-softmax at every position of one prefill (source: a SOURCES entry)."""
     n, bs = len(token_ids), worker.block_size
     meta = AttentionMetadata.build([n], [n], [list(range((n + bs - 1) // bs))], bs)
     caches, backend = worker.pool.kv_caches, worker.backend
-    if simulate:  # a wider pool than the model's dtype: the fused rope+write kernel (same dtype only) stands aside
+    if source is not None:  # a wider pool: the fused rope+write kernel (same dtype only) stands aside
         wide = torch.float64 if worker.dtype == torch.float32 else torch.float32
         caches = [torch.zeros(c.shape, dtype=wide) for c in caches]
-        backend = FakeQuantBackend(backend, per_row)
+        backend = FakeQuantBackend(backend, *source)
     hidden = worker.model(torch.tensor(token_ids), AttentionMetadata.positions(meta), caches, meta, backend)
     return torch.log_softmax(worker.model.compute_logits(hidden), dim=-1)
 
@@ -84,9 +106,7 @@ def teacher_forced(args) -> dict:
     auto = Worker(EngineConfig(model=args.model, dtype=args.dtype, num_blocks=64))
     int8 = Worker(EngineConfig(model=args.model, dtype=args.dtype, num_blocks=64, kv_cache_dtype="int8"))
     modes = {"int8": lambda ids: logprobs(int8, ids),
-             "sim-unquantized": lambda ids: logprobs(auto, ids, None, simulate=True),
-             "sim-int8-groups": lambda ids: logprobs(auto, ids, False, simulate=True),
-             "sim-int8-per-row": lambda ids: logprobs(auto, ids, True, simulate=True)}
+             **{m: lambda ids, src=src: logprobs(auto, ids, src) for m, src in SOURCES.items()}}
     agree = {m: 0 for m in modes}
     near_ties = {m: 0 for m in modes}  # disagreements where the baseline's own top two lie within NEAR_TIE
     dlogp = {m: 0.0 for m in modes}
