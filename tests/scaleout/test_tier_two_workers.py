@@ -7,6 +7,7 @@ block, a counter shows it) with the text of a fault-free run, and no block or pi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 PREFIX_TOKENS = 2000
 MOVED_PROMPT_TOKENS = 1500
+MOVED_OUTPUT_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +93,24 @@ def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
     client, keys, log_path = up
     prompts = [[100 + (i * 7919 + j * 104729) % 30000 for j in range(MOVED_PROMPT_TOKENS)] for i in range(8)]
 
-    def run_all(salt: str) -> list[str]:
-        def one(tokens):
-            r = client.post("/v1/completions", json={"model": "smollm2", "prompt": tokens, "max_tokens": 32,
-                                                     "temperature": 0, "ignore_eos": True, "cache_salt": salt})
-            assert r.status_code == 200, r.text
-            return r.json()["choices"][0]["text"]
+    streamed = [0] * len(prompts)  # chunks each request of the current run has received
 
+    def run_all(salt: str) -> list[str]:
+        def one(i):
+            body = {"model": "smollm2", "prompt": prompts[i], "max_tokens": MOVED_OUTPUT_TOKENS, "temperature": 0,
+                    "ignore_eos": True, "cache_salt": salt, "stream": True}
+            parts = []
+            with client.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200, r.read()
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        parts.append(json.loads(line[6:])["choices"][0]["text"])
+                        streamed[i] += 1
+            return "".join(parts)
+
+        streamed[:] = [0] * len(prompts)
         with ThreadPoolExecutor(len(prompts)) as pool:
-            return list(pool.map(one, prompts))
+            return list(pool.map(one, range(len(prompts))))
 
     reference = run_all("reference")  # another salt: nothing of it is the faulted run's cache
     before = stats(keys, "scheduler")
@@ -108,12 +119,11 @@ def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(run_all, "faulted")
 
-        def all_generating():  # every prompt done, 6 of 32 tokens each on average: none near its end
-            now = stats(keys, "scheduler")
-            running = [w["num_requests_running"] for w in now.get("workers", {}).values()]
-            return running == [4, 4] and now["generation_tokens_total"] >= before["generation_tokens_total"] + 48
+        def all_generating():  # each past its prefill (its blocks in the tier) and none near its end
+            return min(streamed) >= 3
 
         wait_for(all_generating, 900, "all 8 requests to be generating")
+        assert max(streamed) < MOVED_OUTPUT_TOKENS, streamed
         os.kill(pids[sorted(pids)[0]], signal.SIGKILL)
         texts = future.result(timeout=900)
     assert texts == reference
