@@ -4,7 +4,8 @@
 #             --kv-offload-memory 0, alternating on off on off on off (3 pairs);
 #   eviction  6 distinct 1,500-token prefixes, 3 rounds, on a 200-block pool: tier on, tier off,
 #             then vllm serve (CPU) with the same 200-block pool and prefix caching on.
-# Usage: bash scripts/bench_kv_tier.sh [OUTDIR] [cost]  (cost: only the cost pairs, about 12 min;
+# Usage: bash scripts/bench_kv_tier.sh [OUTDIR] [cost|eviction]  (cost: only the cost pairs, about
+# 12 min; eviction: only the eviction runs;
 # vLLM from the peers: bash ../shared/peers/setup.sh)
 # Then: python3 scripts/bench_kv_tier_summary.py OUTDIR
 set -euo pipefail
@@ -25,6 +26,7 @@ stop() {  # $1: pid; SIGINT, as a terminal would send
     kill -INT "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true
 }
 
+if [ "$only" != eviction ]; then
 for i in 1 2 3; do
     for tier in 2GiB 0; do
         pagedserve bench serve --workload random-64 --launch --up-arg=--kv-offload-memory=$tier \
@@ -32,6 +34,7 @@ for i in 1 2 3; do
     done
 done
 [ "$only" = cost ] && { uptime | tee "$out/load-after.txt"; exit 0; }
+fi
 
 for tier in 2GiB 0; do
     pagedserve up --num-blocks 200 --kv-offload-memory $tier --port $port > "$out/up-evict-$tier.log" 2>&1 &
@@ -41,10 +44,12 @@ for tier in 2GiB 0; do
     stop $pid
 done
 
+# vLLM in the dtype the stack's `auto` picks here: bf16 where the CPU has it natively, else float32
+if grep -q -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo; then vdtype=bfloat16 vdir=bf16; else vdtype=float32 vdir=fp32; fi
 (
     source ../shared/peers/vllm_env.sh
     # 200 blocks of 16 hold 3,200 tokens: vLLM refuses a max_model_len the pool cannot hold
-    exec "$P/venv-vllm/bin/vllm" serve "$P/smollm2-hf/bf16" --dtype bfloat16 --port $port \
+    exec "$P/venv-vllm/bin/vllm" serve "$P/smollm2-hf/$vdir" --dtype $vdtype --port $port \
         --served-model-name smollm2 --block-size 16 --num-gpu-blocks-override 200 --max-model-len 3200 \
         --enable-prefix-caching > "$out/vllm-evict.log" 2>&1
 ) &
