@@ -286,13 +286,7 @@ class Scheduler:
             raise RuntimeError(f"unexpected step result for step {result.step_id}")
         sampled = self._in_flight[0].sampled_tokens(result)
         accepted = self._in_flight[0].accepted_drafts(result)
-        self._counters.num_tier_loaded_blocks_total += result.num_tier_loaded_blocks
-        self._counters.num_tier_missed_blocks_total += result.num_tier_missed_blocks
-        self._counters.tier_load_seconds_total += result.tier_load_seconds
-        self._counters.tier_loaded_bytes_total += result.tier_loaded_bytes
-        self._counters.tier_stored_bytes_total += result.tier_stored_bytes
-        self._counters.num_tier_stored_blocks_total += result.num_tier_stored_blocks
-        self._counters.tier_store_seconds_total += result.tier_store_seconds
+        self._counters.count_tier(result)
         self._tier_written += result.tier_written
         in_flight = self._in_flight.popleft()
         self.grammars.compiled(result.compiled_grammars)

@@ -60,6 +60,16 @@ class SchedulerCounters:
         num_prompt = request.num_prompt_tokens
         self.num_computed_prompt_tokens_total += min(start + num_scheduled, num_prompt) - min(start, num_prompt)
 
+    def count_tier(self, result) -> None:
+        """A step result's tier loads and stores (StepResult)."""
+        self.num_tier_loaded_blocks_total += result.num_tier_loaded_blocks
+        self.num_tier_missed_blocks_total += result.num_tier_missed_blocks
+        self.tier_load_seconds_total += result.tier_load_seconds
+        self.tier_loaded_bytes_total += result.tier_loaded_bytes
+        self.tier_stored_bytes_total += result.tier_stored_bytes
+        self.num_tier_stored_blocks_total += result.num_tier_stored_blocks
+        self.tier_store_seconds_total += result.tier_store_seconds
+
     def snapshot(self, num_running: int, num_waiting: int) -> SchedulerStats:
         return SchedulerStats(
             num_running=num_running,
