@@ -51,6 +51,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100..100)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with this many top ones; None: none
     min_tokens: int = 0  # EOS and stop_token_ids are masked out until this many tokens were generated
+    speculative_decoding: bool = True  # False: never drafts for this request, whatever --speculative-config says
 
 
 @dataclass

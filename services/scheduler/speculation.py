@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedserve.services.scheduler.draft_cost import DECAY, OVERALL_DECAY, PRIOR_RATE, Acceptance, choose_lengths
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
@@ -57,9 +58,14 @@ class SpecDecodeCounters:
 
 
 def can_speculate(request: Request) -> bool:
-    """Decoding with nothing in flight; structured output opts out (its matcher cannot roll back)."""
-    return (request.status is RequestStatus.RUNNING and not request.num_pending_tokens
-            and request.num_computed_tokens == request.num_tokens - 1 and request.sampling.guided is None)
+    """Decoding with nothing in flight, and not opted out; structured output opts out too (its matcher
+    cannot roll back)."""
+    return (request.status is RequestStatus.RUNNING and not request.num_pending_tokens and may_draft(request)
+            and request.num_computed_tokens == request.num_tokens - 1)
+
+
+def may_draft(request: Request) -> bool:
+    return request.sampling.speculative_decoding and request.sampling.guided is None
 
 
 class Speculator:
@@ -67,6 +73,9 @@ class Speculator:
         self.config = config
         self.counters = SpecDecodeCounters()
         self.suffix = None
+        self._acceptance: dict[str, Acceptance] = {}
+        self._overall = Acceptance()
+        self._last_step = (1, 1)  # (tokens, candidates) of the last step planned, before drafts
         if config is not None and config.method == "suffix":
             self.suffix = SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_spec_factor,
                                          config.suffix_decoding_min_token_prob,
@@ -74,6 +83,7 @@ class Speculator:
 
     def finished(self, request: Request) -> None:
         """A request ended: suffix decoding drafts from its output for later requests."""
+        self._acceptance.pop(request.request_id, None)
         if self.suffix is not None:
             self.suffix.remember(request.output_token_ids)
 
@@ -82,31 +92,64 @@ class Speculator:
         step.num_scheduled gets each changed candidate's token count, its num_new_tokens the new slots."""
         if self.config is not None:
             self._hold_back(step, max_model_len)
-        budget_left = token_budget - sum(c.num_new_tokens for _, c in step.candidates)
+        num_tokens = sum(c.num_new_tokens for _, c in step.candidates)
+        self._last_step = (num_tokens, len(step.candidates))
+        drafts = self._drafts(step, token_budget - num_tokens, max_model_len) if self.config is not None else {}
         for request, candidate in step.candidates:
             if candidate.is_waiting or request.is_fresh_fork:
                 continue
             num_scheduled = candidate.num_new_tokens
-            if self.config is not None and num_scheduled == 1 and can_speculate(request):
-                drafts = self._propose(request, min(budget_left, self._room(request, max_model_len)))
-                request.expects_drafts = bool(drafts)
-                if drafts:
-                    step.drafts[request.request_id] = drafts
-                    num_scheduled += len(drafts)
-                    budget_left -= len(drafts)
+            if request.request_id in drafts:
+                request.expects_drafts = bool(drafts[request.request_id])
+                if drafts[request.request_id]:
+                    step.drafts[request.request_id] = drafts[request.request_id]
+                    num_scheduled += len(drafts[request.request_id])
             if request.num_spare_slots or num_scheduled != candidate.num_new_tokens:
                 step.num_scheduled[request.request_id] = num_scheduled
                 reused = min(request.num_spare_slots, num_scheduled)
                 request.num_spare_slots -= reused
                 candidate.num_new_tokens = num_scheduled - reused
 
+    def _drafts(self, step: CandidateStep, budget_left: int, max_model_len: int) -> dict[str, list[int]]:
+        """Drafts by request id for every decoding candidate that may draft ([] if none pay or recur)."""
+        proposals: list[tuple[Request, list[int]]] = []
+        self._overall.fade(OVERALL_DECAY)
+        for request, candidate in step.candidates:
+            if candidate.is_waiting or request.is_fresh_fork or candidate.num_new_tokens != 1:
+                continue
+            self._acceptance.setdefault(request.request_id, Acceptance()).fade(DECAY)
+            if can_speculate(request):
+                proposals.append((request, self._propose(request, min(budget_left,
+                                                                      self._room(request, max_model_len)))))
+        if self.config.step_costs is not None and any(d for _, d in proposals):
+            num_tokens, num_sampled = self._last_step
+            offers = [(self._rate(request), len(d)) for request, d in proposals]
+            lengths = choose_lengths(self.config.step_costs, num_tokens, num_sampled, offers)
+            proposals = [(request, d[:n]) for (request, d), n in zip(proposals, lengths, strict=True)]
+        drafts = {}
+        for request, draft in proposals:
+            drafts[request.request_id] = draft[:max(budget_left, 0)]
+            budget_left -= len(drafts[request.request_id])
+        return drafts
+
+    def _rate(self, request: Request) -> float:
+        return self._acceptance.setdefault(request.request_id, Acceptance()).rate(self._overall.rate(PRIOR_RATE))
+
     def holds(self, request: Request, max_model_len: int) -> bool:
         """Whether a step planned now leaves this request out, to draft once its token in flight is known."""
-        if (self.config is None or not request.num_pending_tokens or request.sampling.guided is not None
+        if (self.config is None or not request.num_pending_tokens or not may_draft(request)
                 or request.is_fresh_fork or self._room(request, max_model_len) - request.num_pending_tokens < 1):
+            return False
+        if self.config.step_costs is not None and not self._pays(request):
             return False
         return request.expects_drafts or (request.num_output_tokens >= request.spec_backoff_until
                                           and bool(self._propose(request, 1)))
+
+    def _pays(self, request: Request) -> bool:
+        """One draft would pay in a step like the last one planned."""
+        num_tokens, num_sampled = self._last_step
+        return choose_lengths(self.config.step_costs, max(num_tokens, 1), max(num_sampled, 1),
+                              [(self._rate(request), 1)]) == [1]
 
     def _hold_back(self, step: CandidateStep, max_model_len: int) -> None:
         kept = []
@@ -141,6 +184,8 @@ class Speculator:
             request.num_computed_tokens -= num_rejected
             request.num_spare_slots += num_rejected
         self.counters.count(len(drafts), len(accepted))
+        self._overall.add(len(drafts), len(accepted))
+        self._acceptance.setdefault(request.request_id, Acceptance()).add(len(drafts), len(accepted))
         request.expects_drafts = bool(accepted)
         if not accepted:  # a lookup that matched and missed: let async scheduling run it for a while
             request.spec_backoff_until = request.num_output_tokens + len(accepted) + BACKOFF_TOKENS

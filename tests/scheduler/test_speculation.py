@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -199,3 +200,32 @@ def test_suffix_drafts_from_finished_requests_outputs():
     assert outs == [autoregressive(p, params) for p in prompts]
     cache = scheduler._speculator.suffix.cache  # the outputs of the last 2 to finish
     assert len(cache) == 2 and cache[0] != cache[1] and all(seq in outs for seq in cache)
+
+
+def test_a_request_that_opts_out_never_drafts():
+    params = SamplingParams(max_tokens=40, ignore_eos=True, speculative_decoding=False)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, NGRAM)
+    assert out == autoregressive(PROMPT, params) and draft_steps == 0
+    both = [params, SamplingParams(max_tokens=40, ignore_eos=True)]
+    outs, scheduler, draft_steps = run([PROMPT, PROMPT], both, 64, True, NGRAM, steps_in_flight=2)
+    assert outs == [autoregressive(PROMPT, p) for p in both] and draft_steps > 0
+
+
+def test_no_drafts_where_step_time_grows_as_fast_as_tokens():
+    linear = replace(NGRAM, step_costs=((1, 1.0), (2, 2.0)))
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, linear, steps_in_flight=2)
+    assert out == autoregressive(PROMPT, params) and draft_steps == 0
+
+
+def test_a_fixed_draft_length_drafts_whenever_a_lookup_matches():
+    """The cost model drafts less after a rejection and more as drafts are accepted: fewer drafts,
+    far fewer rejected, the same tokens."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    counts = []
+    for config in (NGRAM, replace(NGRAM, step_costs=None)):
+        (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, config)
+        assert out == autoregressive(PROMPT, params)
+        c = scheduler._speculator.counters
+        counts.append((draft_steps, c.num_draft_tokens, c.num_accepted_tokens))
+    assert counts == [(8, 20, 18), (12, 34, 25)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.shared.config import ConfigError, EngineConfig
-from pagedserve.shared.speculative_config import SpeculativeConfig, parse_speculative_config
+from pagedserve.shared.speculative_config import DEFAULT_STEP_COSTS, SpeculativeConfig, parse_speculative_config
 
 
 @pytest.mark.parametrize("off", [None, "", {}])
@@ -46,6 +46,13 @@ def test_lookup_bounds_default_as_vllm():
     ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob must be a number"),
     ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth must be an integer"),
     ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests must be"),
+    ({"method": "suffix", "adaptive_draft_length": 1}, "adaptive_draft_length must be true or false"),
+    ({"method": "suffix", "adaptive_draft_length": False, "step_costs": [[1, 1.0]]}, "step_costs needs adaptive"),
+    ({"method": "suffix", "step_costs": []}, "step_costs must be a non-empty list"),
+    ({"method": "suffix", "step_costs": [[1, 1.0, 2]]}, "step_costs must be a non-empty list"),
+    ({"method": "suffix", "step_costs": [[0, 1.0]]}, "step_costs tokens must be an integer"),
+    ({"method": "suffix", "step_costs": [[1, 0]]}, "step_costs cost must be a number"),
+    ({"method": "suffix", "step_costs": [[2, 1.0], [2, 1.5]]}, "step_costs tokens must increase"),
 ])
 def test_bad_values_name_the_field(value, says):
     with pytest.raises(ConfigError, match="speculative_config") as info:
@@ -65,3 +72,14 @@ def test_suffix_takes_vllms_fields_and_defaults():
     assert parse_speculative_config(expected.to_json()) == expected
     assert parse_speculative_config({"method": "suffix", "suffix_decoding_max_tree_depth": 64}).num_speculative_tokens == 32
 
+
+
+def test_draft_length_adapts_to_the_default_costs_unless_told():
+    base = {"method": "ngram", "num_speculative_tokens": 3}
+    assert parse_speculative_config(base).step_costs == DEFAULT_STEP_COSTS
+    fixed = parse_speculative_config({**base, "adaptive_draft_length": False})
+    assert fixed == SpeculativeConfig("ngram", 3, 5, 5, step_costs=None)
+    given = parse_speculative_config({"method": "suffix", "step_costs": [[1, 1], [8, 1.5], [9, 3.0]]})
+    assert given.step_costs == ((1, 1.0), (8, 1.5), (9, 3.0))
+    for config in (fixed, given):
+        assert parse_speculative_config(config.to_json()) == config
