@@ -76,7 +76,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
     prompt_field = "messages" if kind == "chat" else "prompt"
     _checked(check_context, len(prompt_ids), max_tokens, info.max_model_len, prompt_field)
     sampling = _sampling(body, max_tokens, logprobs, info)
-    sampling.guided = guided
+    sampling.guided, sampling.speculative_decoding = guided, body.speculative_decoding
     sampling.min_tokens = _bounded(body.min_tokens, "min_tokens", 0, max_tokens)
     if sampling.min_tokens and guided is not None:
         raise ApiError(400, "min_tokens cannot be used with a structured output or constrained tools: the output "

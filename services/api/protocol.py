@@ -57,6 +57,7 @@ class _Sampling(_Body):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0  # vLLM's: EOS, stop_token_ids and stop strings wait until this many tokens
+    speculative_decoding: bool = True  # ours: false, no drafts for this request (docs/speculative_decoding.md)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None

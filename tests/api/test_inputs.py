@@ -34,6 +34,9 @@ BAD_BODIES = [
     ({"prompt": "hi", "max_tokens": 5.0}, 400, "invalid_type"),
     ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
     ({"prompt": "hi", "ignore_eos": 1}, 400, "invalid_type"),
+    ({"prompt": "hi", "speculative_decoding": "no"}, 400, "invalid_type"),
+    ({"prompt": "hi", "speculative_decoding": 0}, 400, "invalid_type"),
+    ({"prompt": "hi", "speculative_decoding": None}, 400, "invalid_type"),
     ({"prompt": 12}, 400, "invalid_type"),
     ({"max_tokens": 5}, 400, "missing_field"),
     ({"prompt": ""}, 400, "empty_prompt"),
@@ -124,6 +127,13 @@ def test_completion_fields_map_to_sampling_params(tokenizer):
     assert s.stop_token_ids == [2] and s.ignore_eos and s.logprobs == 2
     assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -0.5, 1.2)
     assert p.stream and p.include_usage and p.model == "smollm2"
+
+
+def test_speculative_decoding_is_on_unless_the_request_opts_out(tokenizer):
+    assert _prepare(tokenizer, {"prompt": "hi"}).sampling.speculative_decoding is True
+    assert _prepare(tokenizer, {"prompt": "hi", "speculative_decoding": False}).sampling.speculative_decoding is False
+    chat = {"messages": CHAT, "speculative_decoding": False}
+    assert _prepare(tokenizer, chat, ChatCompletionRequest).sampling.speculative_decoding is False
 
 
 def test_chat_uses_the_template_and_defaults_to_the_rest_of_the_context(tokenizer):
