@@ -68,3 +68,9 @@ def choose_lengths(costs: Sequence[tuple[int, float]], num_tokens: int, num_samp
     for _, minus_i in gains[:best_n]:
         lengths[-minus_i] += 1
     return lengths
+
+
+def first_draft_threshold(costs: Sequence[tuple[int, float]], num_tokens: int, num_sampled: int) -> float:
+    """The acceptance rate above which one draft pays in such a step (choose_lengths gives it 1)."""
+    gain = 1.0 + MIN_GAIN
+    return num_sampled * (gain * step_cost(costs, num_tokens + 1) / step_cost(costs, num_tokens) - 1.0)

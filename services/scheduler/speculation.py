@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.services.scheduler.draft_cost import DECAY, OVERALL_DECAY, PRIOR_RATE, Acceptance, choose_lengths
+from pagedserve.services.scheduler.draft_cost import (
+    DECAY,
+    OVERALL_DECAY,
+    PRIOR_RATE,
+    Acceptance,
+    choose_lengths,
+    first_draft_threshold,
+)
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
@@ -114,13 +121,14 @@ class Speculator:
         """Drafts by request id for every decoding candidate that may draft ([] if none pay or recur)."""
         proposals: list[tuple[Request, list[int]]] = []
         self._overall.fade(OVERALL_DECAY)
+        threshold = self._threshold()
         for request, candidate in step.candidates:
             if candidate.is_waiting or request.is_fresh_fork or candidate.num_new_tokens != 1:
                 continue
             self._acceptance.setdefault(request.request_id, Acceptance()).fade(DECAY)
-            if can_speculate(request):
-                proposals.append((request, self._propose(request, min(budget_left,
-                                                                      self._room(request, max_model_len)))))
+            if can_speculate(request):  # no lookup where no draft pays
+                k = min(budget_left, self._room(request, max_model_len)) if self._rate(request) > threshold else 0
+                proposals.append((request, self._propose(request, k)))
         if self.config.step_costs is not None and any(d for _, d in proposals):
             num_tokens, num_sampled = self._last_step
             offers = [(self._rate(request), len(d)) for request, d in proposals]
@@ -140,16 +148,20 @@ class Speculator:
         if (self.config is None or not request.num_pending_tokens or not may_draft(request)
                 or request.is_fresh_fork or self._room(request, max_model_len) - request.num_pending_tokens < 1):
             return False
-        if self.config.step_costs is not None and not self._pays(request):
+        if not self._pays(request):
             return False
         return request.expects_drafts or (request.num_output_tokens >= request.spec_backoff_until
                                           and bool(self._propose(request, 1)))
 
     def _pays(self, request: Request) -> bool:
         """One draft would pay in a step like the last one planned."""
+        return self._rate(request) > self._threshold()
+
+    def _threshold(self) -> float:
+        if self.config.step_costs is None:
+            return -1.0
         num_tokens, num_sampled = self._last_step
-        return choose_lengths(self.config.step_costs, max(num_tokens, 1), max(num_sampled, 1),
-                              [(self._rate(request), 1)]) == [1]
+        return first_draft_threshold(self.config.step_costs, max(num_tokens, 1), max(num_sampled, 1))
 
     def _hold_back(self, step: CandidateStep, max_model_len: int) -> None:
         kept = []

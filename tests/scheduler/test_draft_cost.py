@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.services.scheduler.draft_cost import Acceptance, choose_lengths, step_cost
+from pagedserve.services.scheduler.draft_cost import Acceptance, choose_lengths, first_draft_threshold, step_cost
 from pagedserve.shared.speculative_config import DEFAULT_STEP_COSTS
 
 COSTS = ((1, 1.0), (2, 1.5), (4, 2.0), (8, 4.0))  # made up: cheap rows up to 4, dear ones to 8, then linear
@@ -50,6 +50,15 @@ def test_a_prefill_heavy_step_takes_drafts_nearly_free():
     costs = ((1, 1.0), (256, 100.0), (512, 120.0))
     assert choose_lengths(costs, 256, 2, [(0.3, 4)]) == [4]  # a prefill chunk and a decode
     assert choose_lengths(costs, 256, 256, [(0.3, 4)]) == [0]  # 256 decodes
+
+
+@pytest.mark.parametrize(("num_tokens", "num_sampled"), [(1, 1), (2, 2), (7, 1), (16, 16), (64, 64), (256, 2)])
+def test_the_first_draft_threshold_is_where_choose_lengths_starts_drafting(num_tokens, num_sampled):
+    threshold = first_draft_threshold(DEFAULT_STEP_COSTS, num_tokens, num_sampled)
+    for rate, length in ((threshold - 1e-9, 0), (threshold + 1e-9, 1)):
+        if 0 <= rate <= 1:
+            assert choose_lengths(DEFAULT_STEP_COSTS, num_tokens, num_sampled, [(rate, 1)]) == [length]
+    assert first_draft_threshold(DEFAULT_STEP_COSTS, 64, 64) > 0.9
 
 
 def test_acceptance_counts_fade_toward_the_prior():
