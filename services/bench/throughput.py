@@ -21,7 +21,7 @@ from pagedserve.shared.options import add_options
 from pagedserve.shared.scheduler_config import StepLimits, add_policy_arguments
 
 COLUMNS = ["system", "wall_s", "request_s", "output_tok_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms",
-           "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate", "prompt_tokens_computed"]
+           "itl_p50_ms", "itl_p99_ms", "num_preemptions", "prefix_hit_rate", "prompt_tokens_computed", "same_tokens"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
