@@ -13,7 +13,11 @@ being declared, with their own validation.
 
 from __future__ import annotations
 
+import logging
+
 from pagedserve.services.api.protocol import ApiError
+
+log = logging.getLogger("pagedserve.api")
 
 _ANY = object()  # a field whose every value is honoured as it is (a hint or a label)
 
@@ -40,6 +44,14 @@ _CHAT = {
 
 
 IGNORED_HEADER = "pagedserve-ignored-fields"
+
+
+def ignored_headers(ignored: list[str], request_id: str) -> dict[str, str]:
+    """The response headers naming the fields a request's route ignored (none: no header); logged."""
+    if not ignored:
+        return {}
+    log.warning("request %s: fields ignored (not served here): %s", request_id, ", ".join(ignored))
+    return {IGNORED_HEADER: ",".join(ignored)}
 
 
 def check_fields(data: dict, cls) -> list[str]:

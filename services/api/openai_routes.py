@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedserve.services.api import openai_format as fmt
 from pagedserve.services.api.edge import CLIENT_GONE, read_body, state_of, while_connected
 from pagedserve.services.api.generation import Output
-from pagedserve.services.api.openai_fields import IGNORED_HEADER, check_fields
+from pagedserve.services.api.openai_fields import check_fields, ignored_headers
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_json_object
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.services.api.responses_api import ResponseShape, chat_body
@@ -59,9 +59,7 @@ async def _serve(request: Request, cls) -> Response:
     raw = await read_body(request, state.max_body_bytes)
     ignored = check_fields(parse_json_object(raw), cls)
     api_request = await state.accept(raw, request, cls, many=cls is CompletionRequest)
-    headers = {IGNORED_HEADER: ",".join(ignored)} if ignored else {}
-    if ignored:
-        log.warning("request %s: fields ignored (not served here): %s", api_request.request_id, ", ".join(ignored))
+    headers = ignored_headers(ignored, api_request.request_id)
     if api_request.stream:
         events = tool_events(api_request) if api_request.tool_use else _sse_events(api_request)
         return GenerationStream(api_request, events, headers)
@@ -77,16 +75,18 @@ async def _serve(request: Request, cls) -> Response:
 async def responses(request: Request) -> Response:
     """The Responses API for text, on the chat path (responses_api.py)."""
     state = state_of(request)
-    chat, body = chat_body(parse_json_object(await read_body(request, state.max_body_bytes)))
+    chat, body, ignored = chat_body(parse_json_object(await read_body(request, state.max_body_bytes)))
     api_request = await state.accept(json.dumps(chat).encode(), request, ChatCompletionRequest)
+    headers = ignored_headers(ignored, api_request.request_id)
     shape = ResponseShape(body, api_request.model)
     if api_request.stream:
-        return GenerationStream(api_request, _response_events(api_request, shape))
+        return GenerationStream(api_request, _response_events(api_request, shape), headers)
     await while_connected(request.receive, api_request, _drain(api_request), "request handler ended early")
     if api_request.why == CLIENT_GONE:
         return Response(status_code=499)
     gen = api_request.gens[0]
-    return JSONResponse(shape.response(gen.text, gen.finish_reason, api_request.usage(), _logprobs(gen, gen.logprobs)))
+    return JSONResponse(shape.response(gen.text, gen.finish_reason, api_request.usage(), _logprobs(gen, gen.logprobs)),
+                        headers=headers)
 
 
 def _logprobs(gen, scored) -> list | None:

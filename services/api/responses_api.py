@@ -46,8 +46,8 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
 
 
-def chat_body(data: dict) -> tuple[dict, ResponsesRequest]:
-    """A Responses body (parsed JSON) -> the chat completion body it asks for, and the request."""
+def chat_body(data: dict) -> tuple[dict, ResponsesRequest, list[str]]:
+    """A Responses body (parsed JSON) -> the chat body it asks for, the request, the fields it ignores."""
     for name, honoured in _REFUSED.items():
         if name in data and data[name] not in honoured:
             raise ApiError(400, f"{name} is not supported by this server's Responses API", param=name,
@@ -74,7 +74,8 @@ def chat_body(data: dict) -> tuple[dict, ResponsesRequest]:
             chat[ours] = getattr(body, theirs)
     if body.stream:
         chat["stream_options"] = {"include_usage": True}
-    return chat, body
+    known = (*ResponsesRequest.model_fields, *_REFUSED, *_SAMPLING, "store")
+    return chat, body, sorted(name for name in data if name not in known)
 
 
 def _message(item: dict, index: int) -> dict:

@@ -9,6 +9,7 @@ import pytest
 
 from pagedserve.services.api.openai_fields import IGNORED_HEADER, check_fields
 from pagedserve.services.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.services.api.responses_api import chat_body
 
 CHAT = [{"role": "user", "content": "Say hi"}]
 
@@ -18,6 +19,10 @@ def test_check_fields_names_what_it_ignores_and_nothing_it_serves():
     assert check_fields(data, CompletionRequest) == ["truncate_prompt_tokens", "use_beam_search"]
     chat = {"messages": CHAT, "metadata": {"a": "b"}, "store": False, "top_logprobs": 2, "chat_template_kwargs": {}}
     assert check_fields(chat, ChatCompletionRequest) == ["chat_template_kwargs"]
+
+    responses = {"input": "hi", "store": True, "truncation": "disabled", "seed": 3, "metadata": {}, "foo": 1,
+                 "service_tier": "auto"}
+    assert chat_body(responses)[2] == ["foo", "service_tier"]
 
 
 @pytest.mark.slow
@@ -31,6 +36,19 @@ def test_unknown_fields_are_served_and_named_in_a_header(oai):
     assert raw.headers[IGNORED_HEADER] == "bad_words"
     assert [c.choices[0].finish_reason for c in raw.parse() if c.choices][-1] == "length"
     plain = oai.chat.completions.with_raw_response.create(model="smollm2", messages=CHAT, max_tokens=2)
+    assert IGNORED_HEADER not in plain.headers
+
+
+@pytest.mark.slow
+def test_the_responses_api_names_its_ignored_fields_in_the_header_too(oai):
+    raw = oai.responses.with_raw_response.create(model="smollm2", input="hi", max_output_tokens=2, store=True,
+                                                 extra_body={"use_beam_search": False, "foo": 1})
+    assert raw.headers[IGNORED_HEADER] == "foo,use_beam_search" and raw.parse().status == "incomplete"
+    raw = oai.responses.with_raw_response.create(model="smollm2", input="hi", max_output_tokens=2, stream=True,
+                                                 extra_body={"bad_words": []})
+    assert raw.headers[IGNORED_HEADER] == "bad_words"
+    assert [e.type for e in raw.parse()][-1] == "response.incomplete"
+    plain = oai.responses.with_raw_response.create(model="smollm2", input="hi", max_output_tokens=2, store=True)
     assert IGNORED_HEADER not in plain.headers
 
 
