@@ -56,13 +56,13 @@ class SamplingParams:
 
 @dataclass
 class AllocCandidate:
-    """A request that wants this step, in policy order. num_new_tokens: to compute now (nothing
-    cached assumed); num_tokens: all known, which must fit (plus a watermark) to admit; token_ids: a
-    waiting request's tokens, or new ones from token_ids_start (-1: this step's slots), hashed as
-    blocks fill; cache_salt keys the prefix hash, so different salts never share a block.
-    block_hashes: the hashes of the full blocks token_ids complete (the first is block
-    token_ids_start // block_size; a waiting request's: all of them), hashed once by the
-    scheduler; empty: the kvstore hashes the tokens itself."""
+    """A request that wants this step, in policy order (a waiting one before the running ones it may
+    displace). num_new_tokens: to compute now (nothing cached assumed); num_tokens: all known, which
+    must fit (plus a watermark) to admit; token_ids: a waiting request's tokens, or new ones from
+    token_ids_start (-1: this step's slots), hashed as blocks fill; cache_salt keys the prefix hash,
+    so different salts never share a block. block_hashes: the hashes of the full blocks token_ids
+    complete (the first is block token_ids_start // block_size; a waiting request's: all of them),
+    hashed once by the scheduler; empty: the kvstore hashes the tokens itself."""
 
     request_id: str
     num_new_tokens: int
@@ -94,6 +94,7 @@ class AllocRequest:
     reset: bool = False
     worker_id: str = ""  # whose pool: the kvstore keeps one per worker; step ids count per worker
     tier_written: list[bytes] = field(default_factory=list)  # StepResult.tier_written since the last request
+    num_free_seqs: int = -1  # seats a waiting candidate may take before displacing; -1: no bound
 
 
 ALLOC_OK = "ok"

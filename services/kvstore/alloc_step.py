@@ -1,5 +1,5 @@
-"""One step's allocation: forks, frees, then candidates in policy order; a dry pool preempts the least
-important running candidate at or after the current one, and the first refusal stops admission."""
+"""One step's allocation and the only place that preempts: a candidate short of blocks (or a seat) takes the
+last unanswered running candidate after it, else a running one gives up its own; the first refusal stops admission."""
 
 from __future__ import annotations
 
@@ -30,23 +30,25 @@ def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
         manager.free(request_id)
     candidates = request.candidates
     results: list[AllocResult | None] = [None] * len(candidates)  # None: not answered yet
-    admitting = True  # False from the first refused admission or preemption on
+    admitting = True  # False from the first refused admission or dry-pool preemption on
     num_preemptions_before = manager.num_preemptions
+    seats = request.num_free_seqs if request.num_free_seqs >= 0 else len(candidates)
     for index, candidate in enumerate(candidates):
         if results[index] is not None:
             continue  # preempted for a more important candidate
         if not candidate.is_waiting:
+            num_preemptions = manager.num_preemptions
             results[index] = _allocate_running(manager, candidates, results, index)
-            if manager.num_preemptions != num_preemptions_before:
-                admitting = False
+            admitting = admitting and manager.num_preemptions == num_preemptions
             continue
         manager.free(candidate.request_id)  # a waiting request holds nothing: drop a stale table
-        admitted = manager.admit(candidate.request_id, candidate.num_tokens, candidate.num_new_tokens,
-                                 candidate.token_ids, candidate.cache_salt, candidate.block_hashes) if admitting else None
+        num_free_seats = seats + manager.num_preemptions - num_preemptions_before
+        admitted = _admit(manager, candidates, results, index, num_free_seats) if admitting else None
         if admitted is None:
             admitting = False
             results[index] = AllocResult(candidate.request_id, ALLOC_NOT_ADMITTED)
         else:
+            seats -= 1
             block_ids, num_cached_tokens = admitted
             results[index] = AllocResult(candidate.request_id, ALLOC_OK, block_ids, num_cached_tokens,
                                          manager.take_tier_loads(candidate.request_id))
@@ -71,6 +73,24 @@ def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],
         results[victim] = AllocResult(candidates[victim].request_id, ALLOC_PREEMPTED)
         if victim == index:
             return results[victim]
+
+
+def _admit(manager: BlockManager, candidates: list[AllocCandidate], results: list[AllocResult | None],
+           index: int, num_free_seats: int) -> tuple[list[int], int] | None:
+    """Admit it, displacing running ones after it while it lacks a seat or blocks; None: none left."""
+    candidate = candidates[index]
+    while True:
+        if num_free_seats > 0:
+            admitted = manager.admit(candidate.request_id, candidate.num_tokens, candidate.num_new_tokens,
+                                     candidate.token_ids, candidate.cache_salt, candidate.block_hashes)
+            if admitted is not None:
+                return admitted
+        victim = _last_unanswered_running(candidates, results, index)
+        if victim == index:
+            return None
+        manager.preempt(candidates[victim].request_id)
+        results[victim] = AllocResult(candidates[victim].request_id, ALLOC_PREEMPTED)
+        num_free_seats += 1
 
 
 def _last_unanswered_running(candidates: list[AllocCandidate], results: list[AllocResult | None],

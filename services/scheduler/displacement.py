@@ -1,4 +1,5 @@
-"""Which running requests a step displaces for more important waiting ones (pure: names victims)."""
+"""The policy's displacement as data: a waiting request stands before the running tail it may
+displace (the kvstore's alloc step takes those after a candidate, tail first), in waiting order."""
 
 from __future__ import annotations
 
@@ -6,25 +7,27 @@ from pagedserve.services.scheduler.policy import SchedulingPolicy
 from pagedserve.services.scheduler.request import Request
 
 
-def pick_displaced(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],
-                   max_num_seqs: int, token_budget: int, refused_ids: set[str]) -> list[Request]:
-    """Running tail requests that waiting ones needing room may displace (policy.may_displace), in the
-    order taken; the first refusal stops it (head of line)."""
-    survivors = list(running)
+def displacement_reach(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],
+                       num_free_seqs: int) -> list[int]:
+    """Per waiting request offered, the index into running it stands before (past the seats: takes the tail)."""
+    survivors = list(running)  # those a seatless earlier request has not taken
     planned: list[Request] = []
-    num_free_seqs = max_num_seqs - len(running)
-    budget = token_budget - len(running)
-    victims: list[Request] = []
+    reach: list[int] = []
+    floor = 0
     for candidate in waiting:
-        if budget <= 0:
-            break
-        if num_free_seqs <= 0 or candidate.request_id in refused_ids:
-            if not survivors or not policy.may_displace(candidate, survivors[-1], survivors + planned):
-                break
-            victims.append(survivors.pop())
-            budget += 1  # the victim's decode token is not spent
-        else:
+        num_taken = 0
+        while (len(survivors) - num_taken > floor
+               and policy.may_displace(candidate, survivors[len(survivors) - num_taken - 1],
+                                       survivors[:len(survivors) - num_taken] + planned
+                                       + ([candidate] if num_taken else []))):
+            num_taken += 1
+        floor = len(survivors) - num_taken
+        if num_free_seqs > 0:
             num_free_seqs -= 1
+        elif num_taken:
+            survivors.pop()
+        else:
+            break
         planned.append(candidate)
-        budget -= candidate.num_tokens
-    return victims
+        reach.append(floor)
+    return reach

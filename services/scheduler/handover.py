@@ -29,7 +29,6 @@ def release_all(sched: Scheduler) -> tuple[list[Request], list[RequestDelta]]:
     sched._running.clear()
     sched._free_request_ids.clear()  # the dead pool is dropped whole
     sched._worker_finished_ids.clear()
-    sched._refused_ids = set()
     deltas, sched._abort_deltas = sched._abort_deltas, []
     return requests, deltas
 

@@ -11,7 +11,7 @@ import itertools
 from collections import deque
 
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
-from pagedserve.services.scheduler.displacement import pick_displaced
+from pagedserve.services.scheduler.displacement import displacement_reach
 from pagedserve.services.scheduler.fork import ForkGroups
 from pagedserve.services.scheduler.grammar_gate import GrammarGate
 from pagedserve.services.scheduler.policy import SchedulingPolicy
@@ -26,7 +26,6 @@ from pagedserve.services.scheduler.speculation import Speculator
 from pagedserve.services.scheduler.stats import SchedulerCounters, SchedulerStats
 from pagedserve.services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
 from pagedserve.shared.messages import (
-    ALLOC_NOT_ADMITTED,
     ALLOC_OK,
     ALLOC_PREEMPTED,
     AllocReply,
@@ -70,7 +69,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_tokens = max_waiting_tokens
-        self._refused_ids: set[str] = set()
         self._requests: dict[str, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -191,27 +189,23 @@ class Scheduler:
         self._next_step_id += 1
         running = self.policy.order_running(self._running)
         waiting = [r for r in self.policy.order_waiting(list(self._waiting), list(self._running))
-                   if not self.grammars.holds(r.sampling.guided)]
-        victims = pick_displaced(self.policy, waiting, running, self.max_num_seqs, self.max_num_batched_tokens,
-                                 self._refused_ids)
-        if victims:
-            self._preempt(victims)
-            self._free_request_ids.extend(r.request_id for r in victims)
-            running = [r for r in running if r.status is RequestStatus.RUNNING]
+                   if not self.grammars.holds(r.sampling.guided) and not r.num_pending_tokens]
+        num_free_seqs = max(0, self.max_num_seqs - len(self._running))
         self._pending = build_candidates(
             step_id,
             running=running,
             waiting=waiting,
-            num_free_seqs=self.max_num_seqs - len(self._running),
+            num_free_seqs=num_free_seqs,
             token_budget=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
+            reach=displacement_reach(self.policy, waiting, running, num_free_seqs),
         )
         self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
-                            forks=self._forks.take_forks(), tier_written=written)
+                            forks=self._forks.take_forks(), tier_written=written, num_free_seqs=num_free_seqs)
 
     def on_alloc(self, reply: AllocReply) -> StepPlan:
         pending = self._pending
@@ -225,9 +219,6 @@ class Scheduler:
                         stores_lag=self.max_steps_in_flight - 1, compile_grammars=self.grammars.take_asks())
         in_flight = InFlightStep(pending.step_id)
         self._stores_unflushed = bool(plan.tier_stores) and plan.stores_lag > 0
-        refused = [c.request_id for _, c in pending.candidates
-                   if c.is_waiting and results[c.request_id].status == ALLOC_NOT_ADMITTED]
-        self._refused_ids = set(refused[:1])  # the first refusal is the pool's; the rest head of line
         admitted: list[Request] = []
         preempted: list[Request] = []
         for request, candidate in pending.candidates:

@@ -1,8 +1,8 @@
 """One step's bookkeeping: CandidateStep (schedule() -> on_alloc()), InFlightStep (-> on_result()).
 
 build_candidates grants one token to each running request, then the rest of their prefills, then
-waiting requests while slots and budget last; candidates keep the policy's order (the kvstore preempts
-from its tail) and their num_new_tokens sum to <= token_budget. A prefill chunk shrinks with context
+waiting requests while seats (or displacement.py's reach) and budget last; in the policy's order, a waiting
+one before the running ones it may displace; their num_new_tokens sum to <= token_budget. A prefill chunk shrinks with context
 so tokens x context stays <= threshold x LONG_PREFILL_CONTEXT (attention costs tokens x context).
 """
 
@@ -42,9 +42,11 @@ def build_candidates(
     token_budget: int,
     max_model_len: int,
     long_prefill_token_threshold: int = 0,
+    reach: list[int] | None = None,
 ) -> CandidateStep:
-    """running/waiting: in the policy's order. num_free_seqs: how many more may run."""
+    """running/waiting: in the policy's order. num_free_seqs: how many more may run (without reach)."""
     budget_left = token_budget
+    position = {r.request_id: i for i, r in enumerate(running)}
     wanted = {r.request_id: r.num_tokens_wanted(max_model_len) for r in running}
     running = [r for r in running if wanted[r.request_id] > 0]
     for request in running:
@@ -74,8 +76,9 @@ def build_candidates(
                                        token_ids=request.token_ids_between(start, stop), token_ids_start=start,
                                        block_hashes=hashes_between(request, start, stop))
             step.candidates.append((request, candidate))
-    for request in waiting:
-        if budget_left == 0 or num_free_seqs <= 0:
+    num_offered = len(reach) if reach is not None else num_free_seqs
+    for index, request in enumerate(waiting):
+        if budget_left == 0 or index >= num_offered:
             break
         if request.num_pending_tokens:
             continue  # its token is still in flight: offered once it is known
@@ -94,8 +97,9 @@ def build_candidates(
             block_hashes=hashes_between(request, 0, num_tokens),
         )
         step.candidates.append((request, candidate))
+        position[request.request_id] = reach[index] - 0.5 if reach is not None else len(position)
         budget_left -= num_new_tokens
-        num_free_seqs -= 1
+    step.candidates.sort(key=lambda pair: position[pair[1].request_id])  # stable: each side keeps its order
     return step
 
 

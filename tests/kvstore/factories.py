@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from pagedserve.services.kvstore.block_manager import BlockManager
+from pagedserve.shared import messages
 from pagedserve.shared.messages import AllocCandidate, AllocReply, AllocRequest
+
+OK, PREEMPTED, NOT_ADMITTED = messages.ALLOC_OK, messages.ALLOC_PREEMPTED, messages.ALLOC_NOT_ADMITTED
 
 
 def make_manager(num_blocks: int = 8, block_size: int = 4, prefix: bool = False,
                  watermark: float = 0.0) -> BlockManager:
     """Small blocks and no watermark unless a test is about them, so ids are easy to follow."""
     return BlockManager(num_blocks, block_size, enable_prefix_caching=prefix, watermark=watermark)
+
+
+def full_pool_of_three(num_blocks: int = 6) -> BlockManager:
+    """a, b, c each hold two full blocks of 4 tokens: a [0, 1], b [2, 3], c [4, 5]."""
+    manager = make_manager(num_blocks=num_blocks, block_size=4)
+    for request_id in "abc":
+        manager.allocate_slots(request_id, 8)
+    return manager
 
 
 def running(request_id: str, num_new_tokens: int, num_tokens: int = 0) -> AllocCandidate:
@@ -31,8 +42,8 @@ def prompt(*block_tags: int, block_size: int = 4, extra: int = 0) -> list[int]:
 
 
 def step(manager: BlockManager, *candidates: AllocCandidate, free: tuple[str, ...] = (),
-         step_id: int = 0) -> AllocReply:
-    reply = manager.step(AllocRequest(step_id, list(free), list(candidates)))
+         step_id: int = 0, num_free_seqs: int = -1) -> AllocReply:
+    reply = manager.step(AllocRequest(step_id, list(free), list(candidates), num_free_seqs=num_free_seqs))
     manager.check_integrity()
     return reply
 

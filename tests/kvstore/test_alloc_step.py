@@ -3,17 +3,9 @@
 import pytest
 
 from pagedserve.shared.messages import ALLOC_NOT_ADMITTED, ALLOC_OK, ALLOC_PREEMPTED, AllocRequest
-from tests.kvstore.factories import make_manager, running, statuses, step, waiting
+from tests.kvstore.factories import full_pool_of_three, make_manager, running, statuses, step, waiting
 
 OK, PREEMPTED, NOT_ADMITTED = ALLOC_OK, ALLOC_PREEMPTED, ALLOC_NOT_ADMITTED
-
-
-def full_pool_of_three(num_blocks=6):
-    """a, b, c each hold two full blocks of 4 tokens: a [0, 1], b [2, 3], c [4, 5]."""
-    manager = make_manager(num_blocks=num_blocks, block_size=4)
-    for request_id in "abc":
-        manager.allocate_slots(request_id, 8)
-    return manager
 
 
 def test_running_candidates_get_only_their_new_block_ids():
@@ -83,11 +75,11 @@ def test_no_admission_after_a_preemption_even_when_it_would_fit():
     assert manager.num_free_blocks == 1
 
 
-def test_a_waiting_candidate_never_preempts():
+def test_a_waiting_candidate_after_every_running_one_never_preempts():
     manager = make_manager(num_blocks=2, block_size=4)
     manager.allocate_slots("a", 8)
-    reply = step(manager, waiting("w", 1), running("a", 0))
-    assert statuses(reply) == [("w", NOT_ADMITTED, []), ("a", OK, [])]
+    reply = step(manager, running("a", 0), waiting("w", 1))
+    assert statuses(reply) == [("a", OK, []), ("w", NOT_ADMITTED, [])]
     assert manager.get_block_ids("a") == [0, 1]
 
 
@@ -122,9 +114,9 @@ def test_the_watermark_is_waived_while_no_block_is_held():
 def test_a_refused_waiting_candidate_stops_admission_of_later_ones():
     manager = make_manager(num_blocks=4, block_size=4)
     manager.allocate_slots("a", 4)
-    reply = step(manager, waiting("big", 16), waiting("small", 1), running("a", 1))
+    reply = step(manager, running("a", 1), waiting("big", 16), waiting("small", 1))
     # small would fit, but it queues behind big (head of line); running ones still run
-    assert statuses(reply) == [("big", NOT_ADMITTED, []), ("small", NOT_ADMITTED, []), ("a", OK, [1])]
+    assert statuses(reply) == [("a", OK, [1]), ("big", NOT_ADMITTED, []), ("small", NOT_ADMITTED, [])]
 
 
 def test_an_admitted_waiting_candidate_gets_its_whole_table():

@@ -11,7 +11,8 @@ shared partial one is copied before a fork writes it); every prefix-cache hit re
 exactly the admitted request's tokens; the hash table maps each hash only to a block
 whose shadow holds the tokens of that hash; the reply obeys the step's rules (results in
 order, only a tail of the running candidates preempted, admission stops at the first
-refusal or preemption, a fork's first grant lists its whole table). At the end, after
+refusal or at a preemption no admitted waiting candidate before it may have made (a waiting
+candidate displaces the running ones after it), a fork's first grant lists its whole table). At the end, after
 freeing everything, every block is free again.
 """
 
@@ -142,6 +143,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         preempted = [r.status == ALLOC_PREEMPTED for r, c in pairs if not c.is_waiting]
         assert preempted == sorted(preempted), "only a tail of the running candidates is preempted"
         admitting = True
+        displacing = False  # an admitted waiting candidate may have preempted those after it
         for result, candidate in pairs:
             request_id = candidate.request_id
             was_fresh = request_id in self.fresh_forks
@@ -149,7 +151,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 self.fresh_forks.discard(request_id)
             if result.status == ALLOC_PREEMPTED:
                 assert not candidate.is_waiting and not self.manager.has_request(request_id)
-                admitting = False
+                admitting = admitting and displacing
                 request = self.running.pop(request_id)
                 request.num_computed_tokens = 0
                 self.waiting[request_id] = request
@@ -158,6 +160,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 admitting = False
             elif candidate.is_waiting:
                 assert result.status == ALLOC_OK and admitting
+                displacing = True
                 request = self.waiting.pop(request_id)
                 self.running[request_id] = request
                 num_cached = result.num_cached_tokens

@@ -55,7 +55,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class CountingAllocator:
-    """Greedy in candidate order; preempts running candidates from the tail of the list."""
+    """Greedy in candidate order, as alloc_step: a candidate short of blocks (a waiting one: or of a seat)
+    preempts the last running candidate after it; the first refusal or dry pool stops admission."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_hits: dict[str, int] | None = None):
         self.num_blocks = num_blocks
@@ -80,21 +81,35 @@ class CountingAllocator:
         self.num_slots[request_id] = num_slots
         return new
 
+    def _displace(self, candidates, results: dict[str, AllocResult], index: int) -> bool:
+        """Preempt the last unanswered running candidate after index; False if there is none."""
+        victims = [c for c in candidates[index + 1:] if not c.is_waiting and c.request_id not in results]
+        if not victims:
+            return False
+        self._free(victims[-1].request_id)
+        results[victims[-1].request_id] = AllocResult(victims[-1].request_id, ALLOC_PREEMPTED)
+        return True
+
     def step(self, request: AllocRequest) -> AllocReply:
         for request_id in request.free_request_ids:
             self._free(request_id)
         results: dict[str, AllocResult] = {}
         candidates = request.candidates
+        seats = request.num_free_seqs if request.num_free_seqs >= 0 else len(candidates)
+        admitting = True
         for index, cand in enumerate(candidates):
             rid = cand.request_id
             if rid in results:
                 continue  # preempted by a more important one
             if cand.is_waiting:
-                fits = blocks_for(cand.num_tokens, self.block_size) <= len(self.free_block_ids)
-                any_preempted = any(r.status == ALLOC_PREEMPTED for r in results.values())
-                if not fits or any_preempted:
+                while admitting and (seats <= 0 or blocks_for(cand.num_tokens, self.block_size)
+                                     > len(self.free_block_ids)):
+                    admitting = self._displace(candidates, results, index)
+                    seats += admitting
+                if not admitting:
                     results[rid] = AllocResult(rid, ALLOC_NOT_ADMITTED)
                     continue
+                seats -= 1
                 cached = min(self.prefix_hits.get(rid, 0), cand.num_tokens - 1)
                 slots = cached + min(cand.num_new_tokens, cand.num_tokens - cached)
                 results[rid] = AllocResult(rid, ALLOC_OK, self._grow(rid, slots), cached)
@@ -102,10 +117,12 @@ class CountingAllocator:
             slots = self.num_slots[rid] + cand.num_new_tokens
             need = blocks_for(slots, self.block_size) - len(self.tables[rid])
             while need > len(self.free_block_ids) and rid not in results:
-                victims = [c for c in candidates[index:] if not c.is_waiting and c.request_id not in results]
-                victim_id = victims[-1].request_id
-                self._free(victim_id)
-                results[victim_id] = AllocResult(victim_id, ALLOC_PREEMPTED)
+                admitting = False  # a dry pool admits nobody after it
+                if not self._displace(candidates, results, index):
+                    self._free(rid)
+                    results[rid] = AllocResult(rid, ALLOC_PREEMPTED)
+                else:
+                    seats += 1
             if rid not in results:
                 results[rid] = AllocResult(rid, ALLOC_OK, self._grow(rid, slots))
         return AllocReply(

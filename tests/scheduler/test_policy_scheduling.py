@@ -46,8 +46,11 @@ def test_a_high_priority_arrival_displaces_the_latest_low_priority_request_at_th
     _add(scheduler, "low2", 3.0, max_tokens=2)  # equal priority to the running ones: waits
     records.append(run_step(scheduler, allocator, worker))
     step = records[-1]
-    assert step.alloc_request.free_request_ids == ["low1"]  # freed before the displacer is offered
-    assert [c.request_id for c in step.alloc_request.candidates] == ["low0", "high"]
+    # high stands before the running ones it may displace; the kvstore takes the tail for its seat
+    assert [c.request_id for c in step.alloc_request.candidates] == ["high", "low0", "low1"]
+    assert step.alloc_request.num_free_seqs == 0
+    assert [(r.request_id, r.status) for r in step.alloc_reply.results] == [
+        ("high", "ok"), ("low0", "ok"), ("low1", "preempted")]
     assert step.plan.finished_request_ids == ["low1"]
     records += run_until_done(scheduler, allocator, worker)
     assert scheduler.stats().num_preemptions_total == 1  # no ping-pong afterwards
@@ -67,17 +70,16 @@ def test_equal_priorities_never_displace_each_other():
     assert scheduler.stats().num_preemptions_total == 0
 
 
-def test_a_pool_refusal_lets_a_higher_priority_request_displace_next_step():
+def test_a_dry_pool_lets_a_higher_priority_request_displace_in_the_same_step():
     # 12 blocks of 4: two running 20-token prompts hold 10; a 12-token prompt does not fit
     scheduler, allocator, worker = _stack(PriorityPolicy(), max_num_seqs=4, num_blocks=12)
     _add(scheduler, "low0", 0.0, num_prompt_tokens=20, max_tokens=4)
     _add(scheduler, "low1", 1.0, num_prompt_tokens=20, max_tokens=4)
     run_step(scheduler, allocator, worker)
     _add(scheduler, "high", 2.0, priority=1, num_prompt_tokens=12, max_tokens=4)
-    refused = run_step(scheduler, allocator, worker)
-    assert refused.alloc_reply.results[-1].status == "not_admitted"
     displacing = run_step(scheduler, allocator, worker)
-    assert displacing.alloc_request.free_request_ids == ["low1"]
+    assert [(r.request_id, r.status) for r in displacing.alloc_reply.results] == [
+        ("high", "ok"), ("low0", "ok"), ("low1", "preempted")]
     assert displacing.scheduled_tokens()["high"] == 12
     records = [displacing, *run_until_done(scheduler, allocator, worker)]
     assert finish_reasons(records) == {"high": "length", "low0": "length", "low1": "length"}

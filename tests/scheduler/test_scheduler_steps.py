@@ -41,6 +41,7 @@ def test_decodes_are_scheduled_before_a_new_prefill():
             AllocCandidate("a", 1, 11, token_ids=[token_at("a", 10)], token_ids_start=10),
             AllocCandidate("b", 31, 100, is_waiting=True, token_ids=b.prompt_token_ids),
         ],
+        num_free_seqs=7,
     )
     assert record.scheduled_tokens() == {"a": 1, "b": 31}
 
@@ -108,5 +109,5 @@ def test_an_idle_scheduler_builds_an_empty_step():
     scheduler, allocator, worker = make_stack()
     assert not scheduler.has_requests()
     record = run_step(scheduler, allocator, worker)
-    assert record.alloc_request == AllocRequest(0, [], [])
+    assert record.alloc_request == AllocRequest(0, [], [], num_free_seqs=8)
     assert (record.plan.num_scheduled_tokens, record.deltas) == (0, [])
