@@ -53,3 +53,19 @@ def test_the_stack_with_speculation_gives_the_engines_tokens(spec_stack, engine_
     assert 0 < stats["spec_decode_num_accepted_tokens_total"] <= stats["spec_decode_num_draft_tokens_total"]
     assert stats["spec_decode_num_accepted_tokens_per_pos_0_total"] > 0
     spec_stack.wait_kvstore_clean(since=kv_before)  # every block back, integrity checked
+
+
+def test_a_request_that_opts_out_gets_no_drafts(spec_stack, engine_f32, tokenizer):
+    prompt = tokenizer.encode(PROMPTS[0])
+    off = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, speculative_decoding=False)
+    before = wait_for(lambda: spec_stack.stats("scheduler"), 30.0, "the scheduler's stats")
+    api = TestApi(spec_stack)
+    try:
+        out = api.wait_finished([api.submit(prompt, off)], timeout=300.0)[0]
+    finally:
+        api.close()
+    assert out.token_ids == engine_f32.generate([prompt], off)[0].token_ids
+    stats = wait_for(lambda: (s := spec_stack.stats("scheduler"))
+                     and s["generation_tokens_total"] >= before["generation_tokens_total"] + 32 and s,
+                     30.0, "the scheduler's stats to count every token")
+    assert stats["spec_decode_num_drafts_total"] == before["spec_decode_num_drafts_total"]
