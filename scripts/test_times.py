@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = module_times(args.report)
     total = sum(s for _m, s, _n in rows) or 1.0
-    print(f"{'seconds':>8} {'share':>6} {'tests':>5}  module (of {total:.0f} s in {len(rows)} modules)")
+    wall = sum(float(suite.get("time") or 0) for suite in ET.parse(args.report).getroot().iter("testsuite"))
+    print(f"{'seconds':>8} {'share':>6} {'tests':>5}  module (of {total:.0f} s in {len(rows)} modules; "
+          f"{wall:.0f} s wall)")
     for module, s, n in rows[:args.top]:
         print(f"{s:8.1f} {s / total:6.1%} {n:5d}  {module}")
     return 0

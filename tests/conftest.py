@@ -9,6 +9,28 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Modules whose tests run one after another, on one worker, even under pytest-xdist: the fault
+# tests time outages and restarts, and share the machine's network namespaces.
+SERIAL_GROUPS = {"tests/faults/": "faults"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n N --dist loadgroup` each module is one group (its module fixtures start
+    once, on one worker), and the serial groups go first: they are the longest chain."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::")[0]
+            group = next((name for prefix, name in SERIAL_GROUPS.items() if path.startswith(prefix)), path)
+            item.add_marker(pytest.mark.xdist_group(name=group))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the schedule's
+        serial = set(SERIAL_GROUPS.values())
+        items.sort(key=lambda item: _group(item) not in serial)
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+
 
 @pytest.fixture(scope="session")
 def tokenizer():

@@ -89,7 +89,7 @@ def test_values_move_under_load(page, stack_api):
     futures = []
     deadline = time.monotonic() + 300
     with ThreadPoolExecutor(NUM_REQUESTS) as pool:
-        while not all(seen.values()) or not all(f.done() for f in futures):
+        while not all(seen.values()):
             assert time.monotonic() < deadline, f"the page never showed the load: {seen}"
             if not all(seen.values()) and all(f.done() for f in futures):
                 futures += [pool.submit(complete, i) for i in range(len(futures), len(futures) + NUM_REQUESTS)]
@@ -99,7 +99,7 @@ def test_values_move_under_load(page, stack_api):
                 if m[name] != "-":
                     seen[name] = max(seen[name], _number(m[name]))
             time.sleep(0.2)
-        replies = [f.result() for f in futures]
+        replies = [f.result() for f in futures]  # each bounded by its own timeout, however slow the machine
     assert [r["usage"]["completion_tokens"] for r in replies] == [MAX_TOKENS] * len(futures)
     expected = int(before["generation_tokens_total"]) + len(futures) * MAX_TOKENS
     wait_for(lambda: page.metrics()["generation_tokens_total"] == str(expected), 30,

@@ -12,6 +12,7 @@ from pagedserve.services.bench.control_plane import add_arguments, measure
 from pagedserve.services.bench.sim_worker import SimWorker, Window
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, SamplingParams, StepPlan
 from pagedserve.shared.streams import Keys
+from tests.cli.helpers import free_port
 
 
 def _worker() -> SimWorker:
@@ -45,7 +46,7 @@ def test_an_unknown_request_in_the_diff_gets_no_token():
 def test_the_bench_drives_the_real_control_plane():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--warmup", "2", "--duration", "4", "--port", "8852", "--procs", "1"])
+    args = parser.parse_args(["--warmup", "2", "--duration", "4", "--port", str(free_port()), "--procs", "1"])
     row = measure(args, 2)
     assert row["workers"] == 2 and row["in_flight"] == 8
     assert 0 < row["steps_per_s"] <= row["ideal_steps_per_s"] * 1.05
