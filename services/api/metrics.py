@@ -9,9 +9,10 @@ the blobs keep no per-worker value. kv_cache_usage_perc is a ratio: avg() or max
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from pagedserve.services.api.latency_histogram import LatencyHistogram
 from pagedserve.shared.speculative_config import PER_POS_KEY
 
 PREFIX = "pagedserve:"
@@ -163,15 +164,15 @@ class ApiMetrics:
         self.registry = CollectorRegistry()
         self.stats = StatsCollector()
         self.registry.register(self.stats)
-        self.time_to_first_token = Histogram(
+        self.time_to_first_token = LatencyHistogram(
             PREFIX + "time_to_first_token_seconds", "Time from arrival at the api to the first token.",
-            ["api"], buckets=_TTFT_BUCKETS, registry=self.registry).labels(api=api_id)
-        self.inter_token_latency = Histogram(
+            _TTFT_BUCKETS, api_id, self.registry)
+        self.inter_token_latency = LatencyHistogram(
             PREFIX + "inter_token_latency_seconds", "Time between successive tokens of a request.",
-            ["api"], buckets=_ITL_BUCKETS, registry=self.registry).labels(api=api_id)
-        self.e2e_request_latency = Histogram(
+            _ITL_BUCKETS, api_id, self.registry)
+        self.e2e_request_latency = LatencyHistogram(
             PREFIX + "e2e_request_latency_seconds", "Time from arrival at the api to the request's end.",
-            ["api"], buckets=_E2E_BUCKETS, registry=self.registry).labels(api=api_id)
+            _E2E_BUCKETS, api_id, self.registry)
         self.request_success = Counter(
             PREFIX + "request_success", "Requests finished, by finish reason.", ["finished_reason"],
             registry=self.registry)

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
 import redis.asyncio as aioredis
 
 from pagedserve.services.api.tool_calls import ToolUse, ToolView
@@ -24,6 +25,7 @@ from pagedserve.shared.streams import Keys
 
 EVENT = b"e"
 TTL_EVERY = 64  # events between two refreshes of a running record's TTL
+_encode = msgspec.json.Encoder().encode
 WRITER_GONE_S = 30.0  # a follower gives up on a record whose writer has had no heartbeat this long
 
 
@@ -89,6 +91,11 @@ def total_usage(states: list[ChoiceState], num_prompt_tokens: int) -> dict:
     return usage
 
 
+def _event_json(event: dict) -> bytes | str:
+    """msgspec's UTF-8 JSON; json's where logprobs may hold -inf (its -Infinity reads back, null would not)."""
+    return json.dumps(event, ensure_ascii=False) if "logprobs" in event else _encode(event)
+
+
 class RecordStore:
     def __init__(self, r: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.r, self.keys, self.ttl_s = r, keys, ttl_s
@@ -102,7 +109,7 @@ class RecordStore:
     def append(self, pipe, request_id: str, seq: int, event: dict, final: bool, expire: bool = False) -> None:
         """Queue one event on `pipe`; the TTL is refreshed on the first, every TTL_EVERY-th and the last."""
         key = events_key(self.keys, request_id)
-        pipe.xadd(key, {EVENT: json.dumps(event, ensure_ascii=False)}, id=event_id(seq))
+        pipe.xadd(key, {EVENT: _event_json(event)}, id=event_id(seq))
         if expire or final or seq % TTL_EVERY == 1:
             pipe.expire(key, self.ttl_s)
         if final:
