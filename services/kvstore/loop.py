@@ -12,6 +12,7 @@ import uuid
 import msgpack
 
 from pagedserve.services.kvstore.block_map import BLOCK_MAP_INTERVAL_S, block_map
+from pagedserve.services.kvstore.tier_sweep import TierSweep
 from pagedserve.services.kvstore.worker_pools import WorkerPools
 from pagedserve.shared import redis_io
 from pagedserve.shared.kv_tier import lru_member, parse_tier_key, tier_key, tier_lru_key, tier_pattern
@@ -54,6 +55,7 @@ class KvStoreLoop:
         self.integrity_interval_s = INTEGRITY_INTERVAL_S
         self.block_map_interval_s = BLOCK_MAP_INTERVAL_S
         self.tier_lru_seq = 0  # the score of the tier's most recent use recorded in redis
+        self.sweep = TierSweep()
 
     async def run(self, stop: asyncio.Event) -> int:
         await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
@@ -81,6 +83,7 @@ class KvStoreLoop:
                     if time.monotonic() >= self.next_lease_check:
                         await self._check_leases()
                     await self._write_stats(idle=not entries)
+                    await self._sweep_tier()
                     backoff.reset()
                 except redis_io.REDIS_ERRORS as e:
                     delay = backoff.next()
@@ -147,6 +150,18 @@ class KvStoreLoop:
             self.tier_lru_seq += len(touched)
             pipe.zadd(tier_lru_key(self.keys), scores)
         await pipe.execute()
+
+    async def _sweep_tier(self) -> None:
+        """A bounded pass over orphaned tier writes; nothing else changes the index until it is done."""
+        tier, now = self.pools.tier, time.monotonic()
+        if tier is None or not self.sweep.due(now):
+            return
+        cursor, found = await self.r.scan(self.sweep.cursor, match=tier_pattern(self.keys), count=self.sweep.count)
+        orphans = self.sweep.orphans(tier, [(_text(key), parse_tier_key(self.keys, _text(key))) for key in found])
+        if orphans:
+            await self.r.delete(*orphans)
+            log.info("offload tier: deleted %d orphaned block writes", len(orphans))
+        self.sweep.advance(int(cursor), now, len(orphans))
 
     async def _on_hello(self, entry_id: bytes, hello: WorkerHello) -> None:
         new, incarnation = await redis_io.accept_hello(self.r, self.keys, self.hello_ids, entry_id, hello.worker_id)
