@@ -75,12 +75,15 @@ def may_draft(request: Request) -> bool:
     return request.sampling.speculative_decoding and request.sampling.guided is None
 
 
+NO_VERDICTS = Acceptance()  # read only: a request's own counts start at its first verdict
+
+
 class Speculator:
     def __init__(self, config: SpeculativeConfig | None) -> None:
         self.config = config
         self.counters = SpecDecodeCounters()
         self.suffix = None
-        self._acceptance: dict[str, Acceptance] = {}
+        self._acceptance: dict[str, Acceptance] = {}  # requests with verdicts; finished() drops them
         self._overall = Acceptance()
         self._last_step = (1, 1)  # (tokens, candidates) of the last step planned, before drafts
         if config is not None and config.method == "suffix":
@@ -125,7 +128,8 @@ class Speculator:
         for request, candidate in step.candidates:
             if candidate.is_waiting or request.is_fresh_fork or candidate.num_new_tokens != 1:
                 continue
-            self._acceptance.setdefault(request.request_id, Acceptance()).fade(DECAY)
+            if request.request_id in self._acceptance:
+                self._acceptance[request.request_id].fade(DECAY)
             if can_speculate(request):  # no lookup where no draft pays
                 k = min(budget_left, self._room(request, max_model_len)) if self._rate(request) > threshold else 0
                 proposals.append((request, self._propose(request, k)))
@@ -141,7 +145,7 @@ class Speculator:
         return drafts
 
     def _rate(self, request: Request) -> float:
-        return self._acceptance.setdefault(request.request_id, Acceptance()).rate(self._overall.rate(PRIOR_RATE))
+        return self._acceptance.get(request.request_id, NO_VERDICTS).rate(self._overall.rate(PRIOR_RATE))
 
     def holds(self, request: Request, max_model_len: int) -> bool:
         """Whether a step planned now leaves this request out, to draft once its token in flight is known."""

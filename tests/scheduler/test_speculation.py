@@ -228,4 +228,5 @@ def test_a_fixed_draft_length_drafts_whenever_a_lookup_matches():
         assert out == autoregressive(PROMPT, params)
         c = scheduler._speculator.counters
         counts.append((draft_steps, c.num_draft_tokens, c.num_accepted_tokens))
+        assert scheduler._speculator._acceptance == {}  # dropped as requests finish
     assert counts == [(8, 20, 18), (12, 34, 25)]
