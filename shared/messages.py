@@ -225,6 +225,7 @@ class StepResult:
     # accepted draft tokens, each request's in order; they precede its token in `sampled`
     draft_tokens: list[SampledToken] = field(default_factory=list)
     compiled_grammars: list[str] = field(default_factory=list)  # keys of plans' grammars compiled (or failed)
+    step_seconds: float = 0.0  # the worker's time for the step's forward and sampling; 0: not measured
 
 
 @dataclass

@@ -2,8 +2,8 @@
 "prompt_lookup_min": a, "prompt_lookup_max": b}, or {"method": "suffix", ...} with vLLM's
 suffix_decoding_* fields. Off (None) unless given; one validation here.
 
-Ours: "step_costs": [[tokens, relative step time], ...] for draft_cost.py; "adaptive_draft_length":
-false drafts num_speculative_tokens whenever a draft is found (step_costs None).
+Ours: "step_costs": [[tokens, relative step time], ...] for draft_cost.py, learned from step times
+unless given ("learn_step_costs"); "adaptive_draft_length": false drafts num_speculative_tokens always.
 
 As vLLM: with neither bound given both are 5; with one given the other equals it; suffix drafts at
 most max_tree_depth tokens unless num_speculative_tokens says fewer.
@@ -26,7 +26,7 @@ SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_sp
 # float32 SmolLM2-135M on a Zen 3/4 CPU: up to 8 rows the few-row gemv kernel, from 9 oneDNN's GEMM
 DEFAULT_STEP_COSTS: tuple[tuple[int, float], ...] = (
     (1, 1.0), (2, 1.34), (5, 1.84), (8, 2.38), (9, 5.31), (16, 6.86), (32, 10.1), (64, 18.0), (128, 33.3))
-_COST_FIELDS = ("step_costs", "adaptive_draft_length")
+_COST_FIELDS = ("step_costs", "adaptive_draft_length", "learn_step_costs")
 _NGRAM_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *_COST_FIELDS)
 _SUFFIX_FIELDS = ("method", "num_speculative_tokens", *SUFFIX_DEFAULTS, *_COST_FIELDS)
 _FIELDS = (*_NGRAM_FIELDS, *SUFFIX_DEFAULTS)
@@ -43,6 +43,7 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = SUFFIX_DEFAULTS["suffix_decoding_min_token_prob"]
     suffix_decoding_max_cached_requests: int = SUFFIX_DEFAULTS["suffix_decoding_max_cached_requests"]
     step_costs: tuple[tuple[int, float], ...] | None = DEFAULT_STEP_COSTS  # None: fixed draft length
+    learn_step_costs: bool = True
 
     def to_json(self) -> str:
         names = _SUFFIX_FIELDS if self.method == "suffix" else _NGRAM_FIELDS
@@ -50,6 +51,7 @@ class SpeculativeConfig:
         got["adaptive_draft_length"] = self.step_costs is not None
         if self.step_costs is not None:
             got["step_costs"] = [list(point) for point in self.step_costs]
+            got["learn_step_costs"] = self.learn_step_costs
         return json.dumps(got)
 
 
@@ -82,8 +84,11 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     if method not in METHODS:
         raise _bad(f"method must be one of {', '.join(METHODS)} (got {method!r})", whole)
     costs = _step_costs(value, whole)
+    learn = value.get("learn_step_costs", "step_costs" not in value and costs is not None)
+    if not isinstance(learn, bool) or (learn and costs is None):
+        raise _bad("learn_step_costs must be true or false, and needs adaptive_draft_length", whole)
     if method == "suffix":
-        return replace(_suffix(value, whole), step_costs=costs)
+        return replace(_suffix(value, whole), step_costs=costs, learn_step_costs=learn)
     _only(value, _NGRAM_FIELDS, "ngram", whole)
     if "num_speculative_tokens" not in value:
         raise _bad("num_speculative_tokens is required", whole)
@@ -97,7 +102,7 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     high = _whole(high, "prompt_lookup_max", 1, 1024, whole)
     if low > high:
         raise _bad("prompt_lookup_min must be <= prompt_lookup_max", whole)
-    return SpeculativeConfig(method, k, low, high, step_costs=costs)
+    return SpeculativeConfig(method, k, low, high, step_costs=costs, learn_step_costs=learn)
 
 
 def _step_costs(value: dict, whole) -> tuple[tuple[int, float], ...] | None:

@@ -4,6 +4,7 @@ tokens (sampled ones appended here), block table and sampling state."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -132,6 +133,7 @@ class Worker:
         if not scheduled:
             compiled = self.grammars.take_compiled(IDLE_COMPILE_WAIT_S)
             return StepResult(step_id=plan.step_id, compiled_grammars=compiled)
+        started = time.perf_counter()  # the step's own cost, for the scheduler's draft lengths
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []
@@ -188,4 +190,5 @@ class Worker:
                 state.token_ids.append(token.token_id)
                 if state.grammar is not None:
                     state.grammar.accept(token.token_id)
+        result.step_seconds = time.perf_counter() - started
         return result

@@ -280,6 +280,7 @@ class Scheduler:
         self._counters.count_tier(result)
         self._tier_written += result.tier_written
         in_flight = self._in_flight.popleft()
+        self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
         self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []
         finished: list[Request] = []

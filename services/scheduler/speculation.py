@@ -28,6 +28,7 @@ from pagedserve.services.scheduler.draft_cost import (
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.step import CandidateStep
+from pagedserve.services.scheduler.step_times import StepTimes
 from pagedserve.services.scheduler.suffix_proposer import SuffixProposer
 from pagedserve.shared.messages import SampledToken
 from pagedserve.shared.speculative_config import PER_POS_KEY, SpeculativeConfig
@@ -86,6 +87,7 @@ class Speculator:
         self._acceptance: dict[str, Acceptance] = {}  # requests with verdicts; finished() drops them
         self._overall = Acceptance()
         self._last_step = (1, 1)  # (tokens, candidates) of the last step planned, before drafts
+        self.step_times = StepTimes(config.step_costs, config.learn_step_costs) if config and config.step_costs else None
         if config is not None and config.method == "suffix":
             self.suffix = SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_spec_factor,
                                          config.suffix_decoding_min_token_prob,
@@ -133,10 +135,10 @@ class Speculator:
             if can_speculate(request):  # no lookup where no draft pays
                 k = min(budget_left, self._room(request, max_model_len)) if self._rate(request) > threshold else 0
                 proposals.append((request, self._propose(request, k)))
-        if self.config.step_costs is not None and any(d for _, d in proposals):
+        if self.step_times is not None and any(d for _, d in proposals):
             num_tokens, num_sampled = self._last_step
             offers = [(self._rate(request), len(d)) for request, d in proposals]
-            lengths = choose_lengths(self.config.step_costs, num_tokens, num_sampled, offers)
+            lengths = choose_lengths(self.step_times.table(), num_tokens, num_sampled, offers)
             proposals = [(request, d[:n]) for (request, d), n in zip(proposals, lengths, strict=True)]
         drafts = {}
         for request, draft in proposals:
@@ -162,10 +164,14 @@ class Speculator:
         return self._rate(request) > self._threshold()
 
     def _threshold(self) -> float:
-        if self.config.step_costs is None:
+        if self.step_times is None:
             return -1.0
         num_tokens, num_sampled = self._last_step
-        return first_draft_threshold(self.config.step_costs, max(num_tokens, 1), max(num_sampled, 1))
+        return first_draft_threshold(self.step_times.table(), max(num_tokens, 1), max(num_sampled, 1))
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        if self.step_times is not None:
+            self.step_times.observe(num_tokens, seconds)
 
     def _hold_back(self, step: CandidateStep, max_model_len: int) -> None:
         kept = []

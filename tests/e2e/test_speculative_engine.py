@@ -12,7 +12,8 @@ from pagedserve.shared.messages import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+         "learn_step_costs": False}
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"
 PROMPTS = [f"Rewrite this code with type hints:\n{CODE}\nAnswer:\n",
            "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -47,8 +48,16 @@ def test_alone_and_batched_greedy_tokens_are_the_same_and_drafts_are_accepted(en
     assert engines[False].scheduler._speculator.counters.num_drafts == 0
 
 
+def test_the_worker_times_each_step_for_the_draft_cost_table():
+    engine = _engine({"method": "ngram", "num_speculative_tokens": 4})
+    times = engine.scheduler._speculator.step_times
+    engine.generate([PROMPTS[0]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    counts = {key: b.count for key, b in times._buckets.items()}
+    assert times.learns and sum(counts.values()) >= 6 and all(b.seconds > 0 for b in times._buckets.values())
+
+
 def test_suffix_drafts_keep_the_greedy_tokens_alone_and_batched(engines):
-    suffix = _engine({"method": "suffix", "num_speculative_tokens": 16})
+    suffix = _engine({"method": "suffix", "num_speculative_tokens": 16, "learn_step_costs": False})
     for prompts in ([PROMPTS[0]], PROMPTS):
         assert _tokens(suffix, prompts, GREEDY) == _tokens(engines[False], prompts, GREEDY)
     speculator = suffix.scheduler._speculator

@@ -49,6 +49,8 @@ def test_lookup_bounds_default_as_vllm():
     ({"method": "suffix", "adaptive_draft_length": 1}, "adaptive_draft_length must be true or false"),
     ({"method": "suffix", "adaptive_draft_length": False, "step_costs": [[1, 1.0]]}, "step_costs needs adaptive"),
     ({"method": "suffix", "step_costs": []}, "step_costs must be a non-empty list"),
+    ({"method": "suffix", "learn_step_costs": 1}, "learn_step_costs must be true or false"),
+    ({"method": "suffix", "adaptive_draft_length": False, "learn_step_costs": True}, "needs adaptive_draft_length"),
     ({"method": "suffix", "step_costs": [[1, 1.0, 2]]}, "step_costs must be a non-empty list"),
     ({"method": "suffix", "step_costs": [[0, 1.0]]}, "step_costs tokens must be an integer"),
     ({"method": "suffix", "step_costs": [[1, 0]]}, "step_costs cost must be a number"),
@@ -76,10 +78,13 @@ def test_suffix_takes_vllms_fields_and_defaults():
 
 def test_draft_length_adapts_to_the_default_costs_unless_told():
     base = {"method": "ngram", "num_speculative_tokens": 3}
-    assert parse_speculative_config(base).step_costs == DEFAULT_STEP_COSTS
+    learned = parse_speculative_config(base)
+    assert learned.step_costs == DEFAULT_STEP_COSTS and learned.learn_step_costs
     fixed = parse_speculative_config({**base, "adaptive_draft_length": False})
-    assert fixed == SpeculativeConfig("ngram", 3, 5, 5, step_costs=None)
+    assert fixed == SpeculativeConfig("ngram", 3, 5, 5, step_costs=None, learn_step_costs=False)
     given = parse_speculative_config({"method": "suffix", "step_costs": [[1, 1], [8, 1.5], [9, 3.0]]})
-    assert given.step_costs == ((1, 1.0), (8, 1.5), (9, 3.0))
-    for config in (fixed, given):
+    assert given.step_costs == ((1, 1.0), (8, 1.5), (9, 3.0)) and not given.learn_step_costs
+    prior = parse_speculative_config({**base, "step_costs": [[1, 1], [9, 3.0]], "learn_step_costs": True})
+    assert prior.learn_step_costs and not parse_speculative_config({**base, "learn_step_costs": False}).learn_step_costs
+    for config in (learned, fixed, given, prior):
         assert parse_speculative_config(config.to_json()) == config

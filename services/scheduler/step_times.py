@@ -1,0 +1,72 @@
+"""The step-cost table draft_cost.py reads, learned from the worker's measured step times: fading means
+per bucket of token counts, in the prior's units (median measured/prior ratio); unmeasured buckets keep
+the prior's points, so drafting starts from the given table and follows the machine."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedserve.services.scheduler.draft_cost import step_cost
+
+EXACT_TOKENS = 16  # counts up to this get a bucket each: draft lengths are decided among them
+MIN_SAMPLES = 3  # steps a bucket needs before its mean replaces the prior
+FADE = 0.9  # weight of a bucket's past per new step: it follows load and context length
+REBUILD_EVERY = 32  # observations between table rebuilds (choose_lengths reads it every step)
+
+
+def bucket_of(num_tokens: int) -> int:
+    return num_tokens if num_tokens <= EXACT_TOKENS else 1 << (num_tokens - 1).bit_length()
+
+
+@dataclass
+class _Bucket:
+    weight: float = 0.0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    count: int = 0
+
+    def add(self, num_tokens: int, seconds: float) -> None:
+        self.weight = self.weight * FADE + 1.0
+        self.tokens = self.tokens * FADE + num_tokens
+        self.seconds = self.seconds * FADE + seconds
+        self.count += 1
+
+
+class StepTimes:
+    def __init__(self, prior: Sequence[tuple[int, float]], learns: bool = True) -> None:
+        self.prior = tuple(prior)
+        self.learns = learns  # False: the prior as given, always
+        self._buckets: dict[int, _Bucket] = {}
+        self._table = self.prior
+        self._since_rebuild = 0
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens < 1 or seconds <= 0.0 or not self.learns:
+            return
+        self._buckets.setdefault(bucket_of(num_tokens), _Bucket()).add(num_tokens, seconds)
+        self._since_rebuild += 1
+        if self._since_rebuild >= REBUILD_EVERY:
+            self._table = self.rebuild()
+
+    def table(self) -> tuple[tuple[int, float], ...]:
+        return self._table
+
+    def rebuild(self) -> tuple[tuple[int, float], ...]:
+        """Costs non-decreasing in tokens: a measured dip is noise, a longer step is never cheaper."""
+        self._since_rebuild = 0
+        measured = {key: (b.tokens / b.weight, b.seconds / b.weight)
+                    for key, b in self._buckets.items() if b.count >= MIN_SAMPLES}
+        if not measured:
+            return self.prior
+        scale = statistics.median(s / step_cost(self.prior, round(n)) for n, s in measured.values())
+        points = {round(n): s / scale for n, s in measured.values()}
+        for n, cost in self.prior:
+            if bucket_of(n) not in measured:
+                points.setdefault(n, cost)
+        table, highest = [], 0.0
+        for n in sorted(points):
+            highest = max(highest, points[n])
+            table.append((n, highest))
+        return tuple(table)
