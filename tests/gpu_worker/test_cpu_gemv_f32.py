@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.linear import PackedLinear
+from pagedserve.services.gpu_worker.model.linear import F32_FEW_ROWS, F32_MANY_ROWS, PackedLinear, packing_enabled
 from pagedserve.services.gpu_worker.model.llama import build_model
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
@@ -61,22 +63,49 @@ def test_linear_q4_float32_reads_strided_rows_and_refuses_mixed_dtypes():
         gemv.linear_q4(torch.empty(9, 32), torch.randn(9, 64), *packed)
 
 
-def test_float32_packed_linear_takes_few_rows_to_q4_blocks_and_many_to_f_linear(monkeypatch):
+def test_float32_packed_linear_routes_rows_by_count(monkeypatch):
     blocks = q4_1_blocks(96, 64, seed=3)
     weight = gguf_blocks.dequantize(*blocks)
     linear = PackedLinear(weight, blocks=blocks)
-    assert linear.packed is None and linear.gemv_q4 is not None and linear.max_gemv_rows == 8
+    assert (linear.packed is not None) == packing_enabled(weight)
+    assert linear.gemv_q4 is not None and linear.max_gemv_rows == F32_FEW_ROWS == 4
+    assert linear.max_many_rows == F32_MANY_ROWS
     calls = []
-    spy = type("Spy", (), {"linear_q4": lambda self, *a: calls.append(a) or gemv.linear_q4(*a)})()
+    spy = type("Spy", (), {
+        "linear_q4": lambda self, *a: calls.append(("q4", a[1].shape[0])) or gemv.linear_q4(*a),
+        "linear_many": lambda self, *a: calls.append(("many", a[1].shape[0])) or gemv.linear_many(*a)})()
     monkeypatch.setattr(linear, "gemv", spy)
-    for num_rows in (1, 8, 9, 64):
+    for num_rows in (1, 4, 5, 64, F32_MANY_ROWS, F32_MANY_ROWS + 1):
         x = torch.randn(num_rows, 64)
         _assert_close_to_float64(linear(x), x, blocks)
-    assert [a[1].shape[0] for a in calls] == [1, 8]
-    # no blocks, or blocks of another weight: F.linear for every row count
+    assert calls == [("q4", 1), ("q4", 4), ("many", 5), ("many", 64), ("many", F32_MANY_ROWS)]
+    # no blocks, or blocks of another weight: no few-row kernel
     assert PackedLinear(weight).gemv is None and PackedLinear(weight * 2, blocks=blocks).gemv is None
     monkeypatch.setenv("PAGEDSERVE_SMALL_M_GEMV", "0")
     assert PackedLinear(weight, blocks=blocks).gemv is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=25, deadline=None)
+@given(num_rows=st.integers(1, 40), num_blocks=st.integers(1, 5), num_groups=st.integers(1, 20),
+       seed=st.integers(0, 2**16))
+def test_many_rows_match_float64_reference(kind, num_rows, num_blocks, num_groups, seed):
+    """Any row count (6-row register tiles and their remainders), K across 256-k chunks."""
+    factory, pack, _ = KINDS[kind]
+    blocks = factory(16 * num_blocks, 32 * num_groups, seed=seed)
+    x = torch.randn(num_rows, 32 * num_groups + 16, generator=torch.Generator().manual_seed(seed))[:, 16:]
+    out = torch.full((num_rows, 16 * num_blocks + 8), 7.0)
+    gemv.linear_many(out[:, :-8], x, *pack(*blocks))
+    _assert_close_to_float64(out[:, :-8], x, blocks)
+    assert (out[:, -8:] == 7.0).all()
+
+
+def test_linear_many_refuses_bad_shapes():
+    packed = gguf_blocks.pack_q8_0(*q8_0_blocks(32, 64, seed=5))
+    with pytest.raises(RuntimeError, match="rows"):
+        gemv.linear_many(torch.empty(0, 32), torch.randn(0, 64), *packed)
+    with pytest.raises(RuntimeError, match="float32"):
+        gemv.linear_many(torch.empty(2, 32), torch.randn(2, 64).bfloat16(), *packed)
 
 
 def test_float32_packed_linear_takes_q8_blocks_for_few_rows():

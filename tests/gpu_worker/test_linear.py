@@ -1,4 +1,5 @@
-"""PackedLinear: oneDNN-packed bf16 weights give F.linear's results; float32 is never packed."""
+"""PackedLinear: oneDNN-packed bf16 weights give F.linear's results, float32 ones within rounding;
+unpacked projections follow their parameter."""
 
 from __future__ import annotations
 
@@ -19,7 +20,20 @@ def test_packed_bf16_equals_f_linear(num_rows):
     torch.testing.assert_close(linear(x), F.linear(x, weight), atol=0, rtol=0)
 
 
-def test_float32_and_unpacked_follow_the_parameter(monkeypatch):
+@pytest.mark.parametrize("num_rows", [1, 9, 64, 300])
+def test_packed_float32_matches_f_linear(num_rows):
+    gen = torch.Generator().manual_seed(num_rows)
+    weight = torch.randn(96, 576, generator=gen)
+    x = torch.randn(num_rows, 576, generator=gen)
+    linear = PackedLinear(weight)
+    assert (linear.packed is not None) == packing_enabled(weight)
+    # float32 sums over 576 terms in another order: a few ulps of the terms' magnitude
+    bound = 576 * 2.0 ** -23 * (x.abs() @ weight.abs().T)
+    assert ((linear(x) - F.linear(x, weight)).abs() <= bound).all()
+
+
+def test_unpacked_follows_the_parameter(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_PACK_WEIGHTS", "0")
     weight = torch.nn.Parameter(torch.randn(8, 4), requires_grad=False)
     linear = PackedLinear(weight)
     assert linear.packed is None
@@ -27,5 +41,4 @@ def test_float32_and_unpacked_follow_the_parameter(monkeypatch):
         weight.mul_(2)
     x = torch.randn(3, 4)
     assert torch.equal(linear(x), F.linear(x, weight))
-    monkeypatch.setenv("PAGEDSERVE_PACK_WEIGHTS", "0")
     assert PackedLinear(weight.to(torch.bfloat16)).packed is None

@@ -28,7 +28,8 @@ constexpr bool supported_f32_build = true;
 constexpr bool supported_f32_build = false;
 #endif
 
-constexpr int64_t kMaxRows = 8;  // rows per call; more go to MKL
+constexpr int64_t kMaxRows = 8;  // rows per call of linear_q4/q8
+constexpr int64_t kMaxManyRows = 1024;  // of linear_q4/q8_many (rows' tiles dequantize once)
 
 #if defined(PAGEDSERVE_GEMV_F32)
 // ---- Q4_1: w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32], q in 0..15 -----------------------
@@ -130,10 +131,109 @@ inline void tile_q8(float* out, int64_t out_stride, const float* x, int64_t x_st
     for (int b = 0; b < NB; ++b)
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + m * out_stride + (b0 + b) * 16 + 8 * h, acc[m][b][h]);
 }
+
+// ---- many rows: a tile's weights dequantized once into float32, then rows 6 at a time -----
+// Per 16-output block and chunk of kChunk k: w [kChunk, 16] floats (d * q (+ m), the GGUF's
+// values) in a thread's scratch (L1/L2), then an R x 16 register tile (2R accumulators, R <= 6:
+// 12 + 2 weights + 1 broadcast of AVX2's 16 registers) per R rows. Sums in k order per output.
+constexpr int64_t kChunk = 256;
+
+struct DequantQ4 {  // nibbles [N/16, K/2, 16], dm [N/16, K/32, 2, 16]
+  const uint8_t* nib;
+  const uint16_t* dm;
+  int64_t K;
+  void operator()(float* w, int64_t b, int64_t k0, int64_t len) const {
+    const __m256i low_nibble = _mm256_set1_epi32(0xF);
+    const int64_t K2 = K / 2, num_groups = K / 32;
+    for (int64_t g = k0 / 32; g < (k0 + len) / 32; ++g) {
+      const uint16_t* dmb = dm + (b * num_groups + g) * 32;
+      __m256 d[2], mn[2];
+      for (int h = 0; h < 2; ++h) {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmb + 8 * h)));
+        mn[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmb + 16 + 8 * h)));
+      }
+      for (int64_t j = 16 * g; j < 16 * g + 16; ++j) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + (b * K2 + j) * 16));
+        float* row = w + (2 * j - k0) * 16;
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_cvtepu8_epi32(h ? _mm_unpackhi_epi64(bytes, bytes) : bytes);
+          const __m256 qe = _mm256_cvtepi32_ps(_mm256_and_si256(v, low_nibble));
+          const __m256 qo = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+          _mm256_storeu_ps(row + 8 * h, _mm256_add_ps(_mm256_mul_ps(d[h], qe), mn[h]));
+          _mm256_storeu_ps(row + 16 + 8 * h, _mm256_add_ps(_mm256_mul_ps(d[h], qo), mn[h]));
+        }
+      }
+    }
+  }
+};
+
+struct DequantQ8 {  // q [N/16, K, 16], d [N/16, K/32, 16]
+  const int8_t* qs;
+  const uint16_t* ds;
+  int64_t K;
+  void operator()(float* w, int64_t b, int64_t k0, int64_t len) const {
+    const int64_t num_groups = K / 32;
+    for (int64_t g = k0 / 32; g < (k0 + len) / 32; ++g) {
+      __m256 d[2];
+      for (int h = 0; h < 2; ++h)
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + (b * num_groups + g) * 16 + 8 * h)));
+      for (int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + (b * K + k) * 16));
+        float* row = w + (k - k0) * 16;
+        _mm256_storeu_ps(row, _mm256_mul_ps(d[0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
+        _mm256_storeu_ps(row + 8, _mm256_mul_ps(d[1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(bytes, bytes)))));
+      }
+    }
+  }
+};
+
+// out[r, 16b..16b+16) (+)= x[r, k0..k0+len) @ w, rows r0..r0+R; first: start from zero
+template <int R>
+inline void rows_tile(float* out, int64_t os, const float* x, int64_t xs, const float* w, int64_t k0, int64_t len,
+                      int64_t b, int64_t r0, bool first) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      acc[r][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (r0 + r) * os + 16 * b + 8 * h);
+  for (int64_t k = 0; k < len; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(w + 16 * k), w1 = _mm256_loadu_ps(w + 16 * k + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x + (r0 + r) * xs + k0 + k);
+      acc[r][0] = _mm256_fmadd_ps(w0, xv, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, xv, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r0 + r) * os + 16 * b + 8 * h, acc[r][h]);
+}
+
+template <typename Dequant>
+void many_rows(float* out, int64_t os, const float* x, int64_t xs, int64_t M, int64_t num_blocks, int64_t K,
+               const Dequant& dequant) {
+  at::parallel_for(0, num_blocks, 1, [&](int64_t begin, int64_t end) {
+    alignas(32) float w[kChunk * 16];
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t len = std::min(kChunk, K - k0);
+        dequant(w, b, k0, len);
+        int64_t r0 = 0;
+        for (; r0 + 6 <= M; r0 += 6) rows_tile<6>(out, os, x, xs, w, k0, len, b, r0, k0 == 0);
+        switch (M - r0) {
+          case 5: rows_tile<5>(out, os, x, xs, w, k0, len, b, r0, k0 == 0); break;
+          case 4: rows_tile<4>(out, os, x, xs, w, k0, len, b, r0, k0 == 0); break;
+          case 3: rows_tile<3>(out, os, x, xs, w, k0, len, b, r0, k0 == 0); break;
+          case 2: rows_tile<2>(out, os, x, xs, w, k0, len, b, r0, k0 == 0); break;
+          case 1: rows_tile<1>(out, os, x, xs, w, k0, len, b, r0, k0 == 0); break;
+          default: break;
+        }
+      }
+  });
+}
 #endif
 
 // x [M, K] and out [M, N] float32 with contiguous rows; the common checks of both kernels
-void check_rows(const char* name, const torch::Tensor& out, const torch::Tensor& x, int64_t K, int64_t N) {
+void check_rows(const char* name, const torch::Tensor& out, const torch::Tensor& x, int64_t K, int64_t N,
+                int64_t max_rows = kMaxRows) {
   TORCH_CHECK(supported_f32_build, name, ": this build has no AVX2/FMA/F16C");
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.dim() == 2 && x.size(1) == K && x.stride(1) == 1, name,
               ": x [M, K] float32, contiguous rows");
@@ -141,7 +241,7 @@ void check_rows(const char* name, const torch::Tensor& out, const torch::Tensor&
   TORCH_CHECK(out.scalar_type() == torch::kFloat && out.dim() == 2 && out.size(0) == M && out.size(1) == N &&
                   out.stride(1) == 1,
               name, ": out [M, N] float32, contiguous rows");
-  TORCH_CHECK(M >= 1 && M <= kMaxRows, name, ": 1 to ", kMaxRows, " rows");
+  TORCH_CHECK(M >= 1 && M <= max_rows, name, ": 1 to ", max_rows, " rows");
   TORCH_CHECK(K / 32 <= 512, name, ": K up to 16384");
 }
 
@@ -205,11 +305,36 @@ void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tenso
 #endif
 }
 
+
+// out [M, N] = x [M, K] @ W^T for any M up to kMaxManyRows: the weights dequantized once a tile
+void linear_many(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor d) {
+  const bool q4 = q.scalar_type() == torch::kUInt8;
+  TORCH_CHECK(q.is_contiguous() && q.dim() == 3 && q.size(2) == 16 && d.scalar_type() == torch::kInt16 && d.is_contiguous(),
+              "linear_many: blocks from gguf_blocks.pack_q4_1 or pack_q8_0");
+  TORCH_CHECK(q4 ? d.numel() * 16 == q.numel() * 2 : (q.scalar_type() == torch::kInt8 && d.numel() * 32 == q.numel()),
+              "linear_many: blocks from gguf_blocks.pack_q4_1 or pack_q8_0");
+  const int64_t K = q4 ? 2 * q.size(1) : q.size(1), num_blocks = q.size(0);
+  TORCH_CHECK(K % 32 == 0, "linear_many: K a multiple of 32");
+  check_rows("linear_many", out, x, K, 16 * num_blocks, kMaxManyRows);
+#if defined(PAGEDSERVE_GEMV_F32)
+  const auto* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<int16_t>());
+  float* o = out.data_ptr<float>();
+  const float* xf = x.data_ptr<float>();
+  if (q4)
+    many_rows(o, out.stride(0), xf, x.stride(0), x.size(0), num_blocks, K, DequantQ4{q.data_ptr<uint8_t>(), dp, K});
+  else
+    many_rows(o, out.stride(0), xf, x.stride(0), x.size(0), num_blocks, K, DequantQ8{q.data_ptr<int8_t>(), dp, K});
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "compiled with AVX2, FMA and F16C");
   m.def("max_rows", &max_rows, "most rows a call takes");
   m.def("linear_q4", &linear_q4, "out [M, N] = x [M, K] @ W^T for a few float32 rows, W in Q4_1",
         py::call_guard<py::gil_scoped_release>());
+  m.def("linear_many", &linear_many, "out [M, N] = x [M, K] @ W^T, W's Q4_1 (nibbles, dm) or Q8_0 (q, d) blocks",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("max_many_rows", []() { return kMaxManyRows; }, "most rows linear_many takes");
   m.def("linear_q8", &linear_q8, "out [M, N] = x [M, K] @ W^T for a few float32 rows, W in Q8_0",
         py::call_guard<py::gil_scoped_release>());
 }

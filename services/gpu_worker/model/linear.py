@@ -1,6 +1,8 @@
-"""y = x @ W^T: bf16 weights packed once for oneDNN (F.linear reorders on every call); few-row
-steps go to cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, so bf16 logits depend
-slightly on the row count. PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 turn these off.
+"""y = x @ W^T: weights packed once for oneDNN (bf16: F.linear reorders on every call; float32:
+oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps of few rows go to
+cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too,
+so logits depend slightly on the row count. PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0
+turn these off.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pagedserve.services.gpu_worker.model import gguf_blocks
 PACK_BATCH_HINT = 64
 # bf16 rows up to this read a weight's Q8_0 blocks, more its bf16 pairs (int8 widening costs per row).
 BF16_Q8_MAX_ROWS = 2
+# float32 with GGUF blocks: up to F32_FEW_ROWS rows the blocks are read per row (linear_q4/q8),
+# then up to F32_MANY_ROWS a tile's blocks are dequantized once for all rows (linear_many).
+F32_FEW_ROWS = 4
+F32_MANY_ROWS = 512
 
 
 def _env_on(name: str) -> bool:
@@ -24,8 +30,16 @@ def _env_on(name: str) -> bool:
 
 
 def packing_enabled(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _mkldnn_bf16()
-            and _env_on("PAGEDSERVE_PACK_WEIGHTS"))
+    if weight.device.type != "cpu" or not _env_on("PAGEDSERVE_PACK_WEIGHTS"):
+        return False
+    if weight.dtype == torch.float32:
+        return _mkldnn_float32()
+    return weight.dtype == torch.bfloat16 and _mkldnn_bf16()
+
+
+@functools.cache
+def _mkldnn_float32() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 @functools.cache
@@ -37,7 +51,7 @@ def _mkldnn_bf16() -> bool:
 
 
 def small_m_kernel(weight: torch.Tensor):
-    bf16 = packing_enabled(weight)
+    bf16 = weight.dtype == torch.bfloat16 and packing_enabled(weight)
     float32 = weight.device.type == "cpu" and weight.dtype == torch.float32
     if not ((bf16 or float32) and _env_on("PAGEDSERVE_SMALL_M_GEMV")
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0):
@@ -64,11 +78,14 @@ class PackedLinear:
                        if pack and packing_enabled(weight) else None)
         self.gemv = small_m_kernel(weight) if pack else None
         self.gemv_packed = self.gemv_q4 = self.gemv_q8 = None
-        bf16 = self.packed is not None
+        bf16 = self.packed is not None and weight.dtype == torch.bfloat16
         if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
             blocks = None
         self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
-        self.max_q8_rows = 0
+        self.max_q8_rows = self.max_many_rows = 0
+        if blocks is not None and weight.dtype == torch.float32:
+            self.max_gemv_rows = min(F32_FEW_ROWS, self.max_gemv_rows)
+            self.max_many_rows = min(F32_MANY_ROWS, self.gemv.max_many_rows())
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
             return
@@ -90,6 +107,10 @@ class PackedLinear:
                 self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
                 self.gemv.linear(out, x.contiguous(), self.gemv_packed)
+            return out
+        if x.shape[0] <= self.max_many_rows:
+            out = x.new_empty(x.shape[0], self.weight.shape[0])
+            self.gemv.linear_many(out, x.contiguous(), *(self.gemv_q8 if self.gemv_q4 is None else self.gemv_q4))
             return out
         if self.packed is None:
             return F.linear(x, self.weight)
