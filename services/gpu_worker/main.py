@@ -16,7 +16,6 @@ from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
 TIER_WRITE_TIMEOUT_S = 30.0  # a tier write stuck past it fails (logged; readers compute those blocks)
-SPIN_COUNT = "10000"  # libgomp's idle spin, ~0.25 ms on Zen 3 (default 7 ms): sleeps between steps, and in long gaps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +62,6 @@ def check_worker_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"invalid config field 'threads'={args.threads!r}: at least 1")
 
 
-def openmp_env(env: dict[str, str], threads: int | None) -> None:
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    if "OMP_WAIT_POLICY" not in env:
-        env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
-
-
 def _load_worker(config: EngineConfig, threads: int | None, phases: StartupPhases):
     with phases.phase("imports", "importing torch and the model code"):
         import torch
@@ -92,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log.info("worker %s starting: model=%s dtype=%s device=%s redis=%s prefix=%s", args.worker_id, config.model,
              config.dtype, config.device, args.redis_url, args.prefix)
-    openmp_env(os.environ, args.threads)  # before torch loads: OpenMP reads it once
+    # every torch op runs on one thread: OpenMP gives each calling thread its own team, and two teams contend
+    if args.threads is not None:  # before torch loads: OpenMP reads it once
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     phases = StartupPhases()
-    # every torch op runs on this one thread: OpenMP gives each calling thread its own team, and two contend
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
         worker = compute.submit(_load_worker, config, args.threads, phases).result()
