@@ -133,7 +133,7 @@ class Worker:
         if not scheduled:
             compiled = self.grammars.take_compiled(IDLE_COMPILE_WAIT_S)
             return StepResult(step_id=plan.step_id, compiled_grammars=compiled)
-        started = time.perf_counter()  # the step's own cost, for the scheduler's draft lengths
+        started = time.perf_counter()
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
         query_lens, seq_lens, tables = [], [], []

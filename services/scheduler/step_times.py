@@ -1,6 +1,5 @@
-"""The step-cost table draft_cost.py reads, learned from the worker's measured step times: fading means
-per bucket of token counts, in the prior's units (median measured/prior ratio); unmeasured buckets keep
-the prior's points, so drafting starts from the given table and follows the machine."""
+"""draft_cost.py's step-cost table learned from measured step times: fading means per token-count bucket
+in the prior's units (median measured/prior ratio); buckets not yet measured keep the prior's points."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from pagedserve.services.scheduler.draft_cost import step_cost
 EXACT_TOKENS = 16  # counts up to this get a bucket each: draft lengths are decided among them
 MIN_SAMPLES = 3  # steps a bucket needs before its mean replaces the prior
 FADE = 0.9  # weight of a bucket's past per new step: it follows load and context length
-REBUILD_EVERY = 32  # observations between table rebuilds (choose_lengths reads it every step)
+REBUILD_EVERY = 32
 
 
 def bucket_of(num_tokens: int) -> int:
@@ -37,7 +36,7 @@ class _Bucket:
 class StepTimes:
     def __init__(self, prior: Sequence[tuple[int, float]], learns: bool = True) -> None:
         self.prior = tuple(prior)
-        self.learns = learns  # False: the prior as given, always
+        self.learns = learns
         self._buckets: dict[int, _Bucket] = {}
         self._table = self.prior
         self._since_rebuild = 0

@@ -19,10 +19,8 @@ from pagedserve.services.gpu_worker.model import gguf_blocks
 PACK_BATCH_HINT = 64
 # bf16 rows up to this read a weight's Q8_0 blocks, more its bf16 pairs (int8 widening costs per row).
 BF16_Q8_MAX_ROWS = 2
-# float32 with GGUF blocks: up to F32_FEW_ROWS rows the blocks are read per row (linear_q4/q8),
-# then up to F32_MANY_ROWS a tile's blocks are dequantized once for all rows (linear_many).
-F32_FEW_ROWS = 4
-F32_MANY_ROWS = 512
+F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
+F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for all rows (linear_many)
 
 
 def _env_on(name: str) -> bool:
