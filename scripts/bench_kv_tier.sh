@@ -48,9 +48,9 @@ done
 if grep -q -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo; then vdtype=bfloat16 vdir=bf16; else vdtype=float32 vdir=fp32; fi
 (
     source ../shared/peers/vllm_env.sh
-    # 200 blocks of 16 hold 3,200 tokens: vLLM refuses a max_model_len the pool cannot hold
+    # 200 blocks of 16 hold 3,200 tokens; vLLM keeps a block back and refuses a max_model_len over 3,184
     exec "$P/venv-vllm/bin/vllm" serve "$P/smollm2-hf/$vdir" --dtype $vdtype --port $port \
-        --served-model-name smollm2 --block-size 16 --num-gpu-blocks-override 200 --max-model-len 3200 \
+        --served-model-name smollm2 --block-size 16 --num-gpu-blocks-override 200 --max-model-len 3072 \
         --enable-prefix-caching > "$out/vllm-evict.log" 2>&1
 ) &
 pid=$!
