@@ -3,7 +3,7 @@
 #   cost      random-64 served throughput, offload tier on (default size) against
 #             --kv-offload-memory 0, alternating on off on off on off (3 pairs);
 #   eviction  6 distinct 1,500-token prefixes, 3 rounds, on a 200-block pool: tier on, tier off,
-#             then vllm serve (CPU) with the same 200-block pool and prefix caching on.
+#             then vllm serve (CPU) with a pool of the same 3,200 tokens and prefix caching on.
 # Usage: bash scripts/bench_kv_tier.sh [OUTDIR] [cost|eviction]  (cost: only the cost pairs, about
 # 12 min; eviction: only the eviction runs;
 # vLLM from the peers: bash ../shared/peers/setup.sh)
@@ -48,9 +48,9 @@ done
 if grep -q -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo; then vdtype=bfloat16 vdir=bf16; else vdtype=float32 vdir=fp32; fi
 (
     source ../shared/peers/vllm_env.sh
-    # 200 blocks of 16 hold 3,200 tokens; vLLM keeps a block back and refuses a max_model_len over 3,184
+    # 100 blocks of 32 (its float32 CPU attention wants multiples of 32) hold the same 3,200 tokens
     exec "$P/venv-vllm/bin/vllm" serve "$P/smollm2-hf/$vdir" --dtype $vdtype --port $port \
-        --served-model-name smollm2 --block-size 16 --num-gpu-blocks-override 200 --max-model-len 3072 \
+        --served-model-name smollm2 --block-size 32 --num-gpu-blocks-override 100 --max-model-len 3072 \
         --enable-prefix-caching > "$out/vllm-evict.log" 2>&1
 ) &
 pid=$!
