@@ -56,10 +56,10 @@ class FakeQuantBackend:
         k, v = (x if trip is None else trip(x) for trip, x in zip(self.trips, (key, value), strict=True))
         self.inner.write_kv(k, v, kv_cache, meta)
 
-    def attend(self, query, kv_cache, meta, scale):
+    def attend(self, query, kv_cache, meta, scale, **options):
         if self.float32_attention:
-            return self.inner.attend(query.float(), kv_cache, meta, scale).to(query.dtype)
-        return self.inner.attend(query, kv_cache.to(query.dtype), meta, scale)
+            return self.inner.attend(query.float(), kv_cache, meta, scale, **options).to(query.dtype)
+        return self.inner.attend(query, kv_cache.to(query.dtype), meta, scale, **options)
 
 
 def groups_of(group: int, exact_scales: bool = False):
@@ -89,7 +89,15 @@ def held_out_tokens(model: str, positions: int) -> list[list[int]]:
     return chunks
 
 
-def logprobs(worker: Worker, token_ids: list[int], source: tuple | None = None):
+def float32_logits(worker: Worker, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head in float32: logits unrounded, so bf16's one-step ties do not decide top-1."""
+    model = worker.model
+    logits = hidden.float() @ model.head.weight.float().T
+    cap = model.config.final_softcap
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def logprobs(worker: Worker, token_ids: list[int], source: tuple | None = None, wide_logits: bool = False):
     """float32 [n, vocab] log-softmax at every position of one prefill (source: a SOURCES entry)."""
     n, bs = len(token_ids), worker.block_size
     meta = AttentionMetadata.build([n], [n], [list(range((n + bs - 1) // bs))], bs)
@@ -99,21 +107,23 @@ def logprobs(worker: Worker, token_ids: list[int], source: tuple | None = None):
         caches = [torch.zeros(c.shape, dtype=wide) for c in caches]
         backend = FakeQuantBackend(backend, *source)
     hidden = worker.model(torch.tensor(token_ids), AttentionMetadata.positions(meta), caches, meta, backend)
-    return torch.log_softmax(worker.model.compute_logits(hidden), dim=-1)
+    logits = float32_logits(worker, hidden) if wide_logits else worker.model.compute_logits(hidden)
+    return torch.log_softmax(logits, dim=-1)
 
 
 def teacher_forced(args) -> dict:
     auto = Worker(EngineConfig(model=args.model, dtype=args.dtype, num_blocks=64))
     int8 = Worker(EngineConfig(model=args.model, dtype=args.dtype, num_blocks=64, kv_cache_dtype="int8"))
-    modes = {"int8": lambda ids: logprobs(int8, ids),
-             **{m: lambda ids, src=src: logprobs(auto, ids, src) for m, src in SOURCES.items()}}
+    wide = args.float32_logits
+    modes = {"int8": lambda ids: logprobs(int8, ids, wide_logits=wide),
+             **{m: lambda ids, src=src: logprobs(auto, ids, src, wide) for m, src in SOURCES.items()}}
     agree = {m: 0 for m in modes}
     near_ties = {m: 0 for m in modes}  # disagreements where the baseline's own top two lie within NEAR_TIE
     dlogp = {m: 0.0 for m in modes}
     total = 0
     with torch.inference_mode():
         for ids in held_out_tokens(args.model, args.positions):
-            base = logprobs(auto, ids[:-1])
+            base = logprobs(auto, ids[:-1], wide_logits=wide)
             top = base.argmax(-1)
             two = base.topk(2, dim=-1).values
             near = (two[:, 0] - two[:, 1]) <= NEAR_TIE
@@ -124,7 +134,7 @@ def teacher_forced(args) -> dict:
                 agree[m] += int(same.sum())
                 near_ties[m] += int((~same & near).sum())
                 dlogp[m] += float((lp.gather(1, top[:, None]) - base.gather(1, top[:, None])).abs().sum())
-    return {"positions": total, "dtype": str(auto.dtype),
+    return {"positions": total, "dtype": str(auto.dtype), "float32_logits": wide,
             **{m: {"top1_agreement": agree[m] / total, "mean_abs_dlogprob": dlogp[m] / total,
                    "disagreements": total - agree[m], "of_them_near_ties": near_ties[m]} for m in modes}}
 
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--positions", type=int, default=200)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--float32-logits", action="store_true",
+                        help="every storage's logits from its hidden states by a float32 LM head")
     parser.add_argument("--skip-greedy", action="store_true")
     parser.add_argument("--skip-teacher-forced", action="store_true")
     args = parser.parse_args(argv)

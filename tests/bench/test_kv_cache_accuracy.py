@@ -3,10 +3,12 @@ exactly the int8 pool's, so each source it varies is measured against the real f
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from pagedserve.services.bench.kv_cache_accuracy import SOURCES, groups_of, round_trip
+from pagedserve.services.bench.kv_cache_accuracy import SOURCES, FakeQuantBackend, float32_logits, groups_of, round_trip
 from pagedserve.services.gpu_worker.attention import kv_quant
 
 
@@ -28,3 +30,30 @@ def test_exact_scales_round_each_value_to_its_groups_step():
 def test_every_source_names_its_k_and_v_round_trips():
     assert SOURCES["sim-unquantized-float32"] == (None, None, True)
     assert SOURCES["sim-int8-k-only"][1] is None and SOURCES["sim-int8-v-only"][0] is None
+
+
+class RecordingBackend:
+    name = "recording"
+
+    def attend(self, query, kv_cache, meta, scale, **options):
+        self.call = (query.dtype, kv_cache.dtype, options)
+        return query
+
+
+def test_fake_quant_backend_passes_the_layers_attention_options():
+    inner = RecordingBackend()
+    backend = FakeQuantBackend(inner, None, None)
+    query, wide_pool = torch.zeros(2, 3, 4, dtype=torch.bfloat16), torch.zeros(2, 1, 4, 1, 4)
+    backend.attend(query, wide_pool, None, 0.5, window=7, softcap=30.0)
+    assert inner.call == (torch.bfloat16, torch.bfloat16, {"window": 7, "softcap": 30.0})
+
+
+def test_float32_logits_are_the_unrounded_head_product():
+    weight = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.5, 0.25]], dtype=torch.bfloat16)
+    model = SimpleNamespace(head=SimpleNamespace(weight=weight), config=SimpleNamespace(final_softcap=None))
+    hidden = torch.tensor([[1.0, 1.0 / 3.0]], dtype=torch.bfloat16)
+    logits = float32_logits(SimpleNamespace(model=model), hidden)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, hidden.float() @ weight.float().T)
+    model.config.final_softcap = 2.0
+    assert torch.allclose(float32_logits(SimpleNamespace(model=model), hidden), torch.tanh(logits / 2.0) * 2.0)
