@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict
 from pagedserve.services.api.protocol import ApiError
 
 _LOGPROBS = "message.output_text.logprobs"
-_SAMPLING = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop")
+_SAMPLING = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
+             "speculative_decoding")
 
 # field -> values that ask for nothing beyond text in, text out
 _REFUSED = {"previous_response_id": (None,), "conversation": (None,), "tools": (None, []),

@@ -5,6 +5,7 @@ test_openai_compat_stack.py.)"""
 
 from __future__ import annotations
 
+import pydantic
 import pytest
 
 from pagedserve.services.api.openai_fields import IGNORED_HEADER, check_fields
@@ -23,6 +24,13 @@ def test_check_fields_names_what_it_ignores_and_nothing_it_serves():
     responses = {"input": "hi", "store": True, "truncation": "disabled", "seed": 3, "metadata": {}, "foo": 1,
                  "service_tier": "auto"}
     assert chat_body(responses)[2] == ["foo", "service_tier"]
+
+
+def test_the_responses_api_passes_the_speculation_opt_out_to_the_chat_path():
+    chat, _, ignored = chat_body({"input": "hi", "speculative_decoding": False})
+    assert chat["speculative_decoding"] is False and ignored == []
+    with pytest.raises(pydantic.ValidationError, match="speculative_decoding"):
+        ChatCompletionRequest.model_validate(chat_body({"input": "hi", "speculative_decoding": "no"})[0])
 
 
 @pytest.mark.slow
