@@ -94,6 +94,7 @@ class AllocRequest:
     reset: bool = False
     worker_id: str = ""  # whose pool: the kvstore keeps one per worker; step ids count per worker
     tier_written: list[bytes] = field(default_factory=list)  # StepResult.tier_written since the last request
+    tier_filled: list[tuple[str, int, bytes]] = field(default_factory=list)  # StepResult.tier_filled, likewise
     num_free_seqs: int = -1  # seats a waiting candidate may take before displacing; -1: no bound
 
 
@@ -129,6 +130,8 @@ class AllocReply:
     all_blocks_cleared: bool = False
     # (request id, block index, hash): full blocks the worker writes to the offload tier after the step
     tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)
+    # (request id, block index, parent hash): blocks full after the step whose last token only the worker knows
+    tier_fills: list[tuple[str, int, bytes]] = field(default_factory=list)
     # the offload tier's own events (it is every worker's), as blocks_*, on whichever reply comes next
     tier_blocks_stored: bytes = b""
     tier_blocks_removed: bytes = b""
@@ -176,6 +179,7 @@ class StepPlan:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     reset: bool = False  # drop every request's state before applying this plan
     tier_stores: list[tuple[str, int, bytes]] = field(default_factory=list)  # as AllocReply.tier_stores
+    tier_fills: list[tuple[str, int, bytes]] = field(default_factory=list)  # as AllocReply.tier_fills
     stores_lag: int = 0  # the result waits for the tier writes of steps <= step_id - stores_lag
     # grammars to compile now, ahead of their requests, which the scheduler holds until compiled
     compile_grammars: list[GuidedDecoding] = field(default_factory=list)
@@ -221,6 +225,7 @@ class StepResult:
     tier_stored_bytes: int = 0
     tier_store_seconds: float = 0.0  # their pipelines' time, off the step's critical path
     tier_written: list[bytes] = field(default_factory=list)  # hashes of planned stores written since the last result
+    tier_filled: list[tuple[str, int, bytes]] = field(default_factory=list)  # (request id, index, hash) written
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prefill chunks that asked
     # accepted draft tokens, each request's in order; they precede its token in `sampled`
     draft_tokens: list[SampledToken] = field(default_factory=list)

@@ -89,6 +89,8 @@ class StatsCollector:
             ("kv_offload_evictions", "Offload tier blocks evicted for room (LRU).", kv, "tier_num_evicted"),
             ("kv_offload_cancelled_blocks", "Offload tier stores dropped unwritten (refused, late or orphaned).",
              kv, "tier_num_cancelled"),
+            ("kv_offload_swept_blocks", "Orphaned offload tier writes (no reservation, no confirmation) the "
+             "kvstore's sweep deleted.", kv, "tier_num_swept"),
             ("resumed_requests", "Preempted or moved requests admitted again.", sched, "num_resumed_total"),
             ("resumed_recomputed_tokens", "Known tokens resumed requests computed again (neither tier had "
              "them).", sched, "num_resumed_recomputed_tokens_total"),

@@ -12,6 +12,7 @@ import uuid
 
 from pagedserve.services.gpu_worker import tier_blocks
 from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
+from pagedserve.services.gpu_worker.tier_fills import TierFills
 from pagedserve.services.gpu_worker.tier_writer import TierWriter
 from pagedserve.shared import kv_tier, redis_io
 from pagedserve.shared.messages import CachedRequestData, NewRequestData, StepPlan, StepResult, WorkerHello
@@ -40,8 +41,9 @@ class WorkerLoop:
         kv_caches = worker.pool.kv_caches
         self.tier_namespace = tier_blocks.pool_namespace(model, kv_caches, worker.block_size)
         self.tier_block_bytes = tier_blocks.block_bytes(kv_caches)
-        # stores_lag 0 (sync scheduling): no token is known before the blocks stored with it
+        # a result waits for its step's eager stores and for the others of steps stores_lag before it
         self.tier_writer = TierWriter(tier_client, keys, self.tier_namespace)
+        self.tier_fills = TierFills(worker.block_size)
         self.pack_buffers = PackBuffers(self.tier_block_bytes, PACK_BUFFERS_FREE_BYTES)
 
     async def run(self, stop: asyncio.Event) -> int:
@@ -109,8 +111,9 @@ class WorkerLoop:
         backoff = redis_io.Backoff()
         while True:
             result, stored_through = await results.get()
-            await self.tier_writer.wait_through(stored_through, TIER_LOAD_TIMEOUT_S)
+            await self.tier_writer.wait_through(stored_through, TIER_LOAD_TIMEOUT_S, eager_step=result.step_id)
             result.tier_written = self.tier_writer.take_written()
+            result.tier_filled = self.tier_writer.take_filled()
             while True:
                 try:
                     await redis_io.send(self.r, self.keys.worker_results, result)
@@ -148,10 +151,13 @@ class WorkerLoop:
                                               tier_blocks.hashes_to_load(plan), TIER_LOAD_TIMEOUT_S)
             load_seconds = time.perf_counter() - started if blobs else 0.0
             result, moved = await asyncio.get_running_loop().run_in_executor(
-                self.compute, tier_blocks.execute, self.worker, plan, blobs, self.pack_buffers)
+                self.compute, tier_blocks.execute, self.worker, plan, blobs, self.pack_buffers, self.tier_fills)
             result.tier_load_seconds = load_seconds
             result.tier_loaded_bytes = result.num_tier_loaded_blocks * self.tier_block_bytes
             self.tier_writer.tally.take_into(result)
+            if moved.eager:  # first: its result waits for these, and the writer keeps the order
+                self.tier_writer.submit(plan.step_id, moved.eager, lambda: self.pack_buffers.give(moved.eager_buffer),
+                                        eager=True, filled=moved.filled)
             if moved.stores:
                 self.tier_writer.submit(plan.step_id, moved.stores, lambda: self.pack_buffers.give(moved.buffer))
             return result

@@ -8,12 +8,14 @@ request are computed in this step instead, and stored after it, so the tier heal
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pagedserve.services.gpu_worker.pack_buffers import PackBuffers
+from pagedserve.services.gpu_worker.tier_fills import TierFills
 from pagedserve.shared.kv_tier import tier_namespace
 from pagedserve.shared.messages import StepPlan, StepResult
 
@@ -73,12 +75,16 @@ def unpack_block(kv_caches: list[torch.Tensor], block_id: int, blob: bytes) -> N
 
 @dataclass
 class TierStep:
-    """What one step moved: the loads it made, the misses it computed, the blocks to store."""
+    """What one step moved: the loads it made, the misses it computed, the blocks to store (eager:
+    the step's own result waits for them)."""
 
     num_loaded: int = 0
     num_missed: int = 0
     stores: list[tuple[bytes, memoryview]] = field(default_factory=list)  # (hash, row of buffer)
     buffer: torch.Tensor | None = None
+    eager: list[tuple[bytes, memoryview]] = field(default_factory=list)
+    eager_buffer: torch.Tensor | None = None
+    filled: list[tuple[str, int, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -127,34 +133,54 @@ def apply_loads(kv_caches: list[torch.Tensor], block_size: int, plan: StepPlan, 
     return missed
 
 
+def computed_block(requests: dict, request_id: str, index: int, block_size: int) -> int | None:
+    state = requests.get(request_id)
+    if state is None or index >= len(state.block_ids) or state.num_computed_tokens < (index + 1) * block_size:
+        return None
+    return state.block_ids[index]
+
+
+def pack(kv_caches: list[torch.Tensor], blocks: list[tuple[bytes, int]],
+         buffers: PackBuffers) -> tuple[list[tuple[bytes, memoryview]], torch.Tensor | None]:
+    if not blocks:
+        return [], None
+    buffer = buffers.take(len(blocks))
+    try:
+        rows = pack_blocks(kv_caches, [block_id for _h, block_id in blocks], buffer)
+    except BaseException:
+        buffers.give(buffer)
+        raise
+    return [(block_hash, row) for (block_hash, _b), row in zip(blocks, rows, strict=True)], buffer
+
+
 def collect_stores(kv_caches: list[torch.Tensor], block_size: int, requests: dict, stores: list,
-                   step: TierStep, buffers: PackBuffers) -> None:
+                   step: TierStep, buffers: PackBuffers, eager_ids: frozenset[str] = frozenset(),
+                   fills: Sequence[tuple[str, int, bytes, int]] = ()) -> None:
     """Pack each block to store whose request now holds it computed (anything else is skipped:
-    a block never reaches the tier unless this worker computed or loaded all its tokens)."""
-    hashes, block_ids = [], []
+    a block never reaches the tier unless this worker computed or loaded all its tokens); eager:
+    eager_ids' requests' and the fills (request id, index, hash, pool block id)."""
+    lazy, eager = [], []
     for request_id, index, block_hash in stores:
-        state = requests.get(request_id)
-        if state is None or index >= len(state.block_ids) or state.num_computed_tokens < (index + 1) * block_size:
-            continue
-        hashes.append(block_hash)
-        block_ids.append(state.block_ids[index])
-    if block_ids:
-        buffer = buffers.take(len(block_ids))
-        try:
-            step.stores.extend(zip(hashes, pack_blocks(kv_caches, block_ids, buffer), strict=True))
-        except BaseException:
-            buffers.give(buffer)
-            raise
-        step.buffer = buffer
+        block_id = computed_block(requests, request_id, index, block_size)
+        if block_id is not None:
+            (eager if request_id in eager_ids else lazy).append((block_hash, block_id))
+    step.stores, step.buffer = pack(kv_caches, lazy, buffers)
+    eager += [(block_hash, block_id) for _r, _i, block_hash, block_id in fills]
+    step.eager, step.eager_buffer = pack(kv_caches, eager, buffers)
+    step.filled = [(request_id, index, block_hash) for request_id, index, block_hash, _b in fills]
 
 
-def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes], buffers: PackBuffers) -> tuple[StepResult, TierStep]:
+def execute(worker, plan: StepPlan, blobs: dict[bytes, bytes], buffers: PackBuffers,
+            fills: TierFills) -> tuple[StepResult, TierStep]:
     """worker.execute(plan) with the tier's loads before it and its stores packed after it."""
     step = TierStep()
     kv_caches, block_size = worker.pool.kv_caches, worker.block_size
     missed = apply_loads(kv_caches, block_size, plan, blobs, step)
     result = worker.execute(plan)
     result.num_tier_loaded_blocks, result.num_tier_missed_blocks = step.num_loaded, step.num_missed
-    if plan.tier_stores or missed:
-        collect_stores(kv_caches, block_size, worker.requests, [*plan.tier_stores, *missed], step, buffers)
+    full = fills.take_full(worker.requests, plan)
+    if plan.tier_stores or missed or full:
+        sampled = frozenset(token.request_id for token in result.sampled)
+        collect_stores(kv_caches, block_size, worker.requests, [*plan.tier_stores, *missed], step, buffers,
+                       sampled, full)
     return result, step

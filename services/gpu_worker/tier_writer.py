@@ -32,24 +32,29 @@ class TierWriter:
     def __init__(self, client, keys: Keys, namespace: str) -> None:
         self._client, self._keys, self._namespace = client, keys, namespace
         self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tier-writer")
-        self._pending: deque[tuple[int, asyncio.Future]] = deque()  # (step id, its writes), in step order
+        # (step id, eager, its writes), in step order; an eager write is waited for by its own step's result
+        self._pending: deque[tuple[int, bool, asyncio.Future]] = deque()
         self.tally = StoreTally()
         self._written: list[bytes] = []
+        self._filled: list[tuple[str, int, bytes]] = []
 
-    def submit(self, step_id: int, blocks: list[tuple[bytes, memoryview]], done: Callable[[], None]) -> None:
-        """Write a step's blocks after those submitted before; done() once written or not."""
+    def submit(self, step_id: int, blocks: list[tuple[bytes, memoryview]], done: Callable[[], None],
+               eager: bool = False, filled: list[tuple[str, int, bytes]] = ()) -> None:
+        """Write a step's blocks after those submitted before; done() once written or not. The last len(filled) are fills."""
         num_bytes = sum(len(contents) for _h, contents in blocks)
         future = asyncio.wrap_future(self._thread.submit(self._write, blocks))
+        num_planned = len(blocks) - len(filled)
 
         def count(written: asyncio.Future) -> None:
             done()
             seconds = None if written.cancelled() or written.exception() else written.result()
             if seconds is not None:
                 self.tally.add(len(blocks), num_bytes, seconds)
-                self._written.extend(block_hash for block_hash, _contents in blocks)
+                self._written.extend(block_hash for block_hash, _contents in blocks[:num_planned])
+                self._filled.extend(filled)
 
         future.add_done_callback(count)
-        self._pending.append((step_id, future))
+        self._pending.append((step_id, eager, future))
 
     def _write(self, blocks: list[tuple[bytes, memoryview]]) -> float | None:
         started = time.perf_counter()
@@ -57,10 +62,14 @@ class TierWriter:
             return time.perf_counter() - started
         return None
 
-    async def wait_through(self, step_id: int, timeout_s: float) -> None:
-        due = [future for step, future in self._pending if step <= step_id and not future.done()]
+    async def wait_through(self, step_id: int, timeout_s: float, eager_step: int | None = None) -> None:
+        def is_due(step: int, eager: bool) -> bool:
+            return step <= step_id or (eager and step == eager_step)
+
+        due = [future for step, eager, future in self._pending if is_due(step, eager) and not future.done()]
         # step ids restart with a restarted scheduler: a write is forgotten once done, not by order
-        self._pending = deque((step, f) for step, f in self._pending if step > step_id and not f.done())
+        self._pending = deque((step, eager, f) for step, eager, f in self._pending
+                              if not is_due(step, eager) and not f.done())
         if due:
             await asyncio.wait(due, timeout=timeout_s)
 
@@ -68,8 +77,12 @@ class TierWriter:
         written, self._written = self._written, []
         return written
 
+    def take_filled(self) -> list[tuple[str, int, bytes]]:
+        filled, self._filled = self._filled, []
+        return filled
+
     def num_pending(self) -> int:
-        return sum(not future.done() for _step, future in self._pending)
+        return sum(not future.done() for _step, _eager, future in self._pending)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -54,7 +54,8 @@ def run_step(manager: BlockManager, request: AllocRequest) -> AllocReply:
                                          manager.take_tier_loads(candidate.request_id))
     return AllocReply(request.step_id, results, block_copies=manager.take_block_copies(),
                       num_free_blocks=manager.num_free_blocks, num_blocks=manager.num_blocks,
-                      tier_stores=manager.tier.take_stores() if manager.tier is not None else [])
+                      tier_stores=manager.tier.take_stores() if manager.tier is not None else [],
+                      tier_fills=manager.tier.take_fills() if manager.tier is not None else [])
 
 
 def _allocate_running(manager: BlockManager, candidates: list[AllocCandidate],

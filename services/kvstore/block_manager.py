@@ -215,13 +215,18 @@ class BlockManager:
     def _cache_full_blocks(self, request_id: str, table: BlockTable) -> None:
         """Hash newly full blocks at allocation: the worker writes a layer's K/V before any
         attention reads it, so a later request in the same step may already hit them; the
-        worker stores them in the tier once the step that computes them has run."""
+        worker stores them in the tier once the step that computes them has run (a tier fill
+        if its last token is not known here yet)."""
         num_hashable = min(table.num_tokens // self.block_size, len(table.block_hashes))
         for index in range(table.num_hashed_blocks, num_hashable):
             self.pool.cache(table.blocks[index], table.block_hashes[index])
             if self.tier is not None:
                 self.tier.on_hashed(request_id, index, table.block_hashes[index])
         table.num_hashed_blocks = max(table.num_hashed_blocks, num_hashable)
+        index = len(table.block_hashes)
+        if self.tier is not None and table.tail_token_ids is not None and table.num_tokens >= (
+                index + 1) * self.block_size:
+            self.tier.on_filled(request_id, index, table.block_hashes[-1] if index else table.root)
 
     def stats(self) -> dict:
         return {

@@ -160,6 +160,7 @@ class KvStoreLoop:
         orphans = self.sweep.orphans(tier, [(_text(key), parse_tier_key(self.keys, _text(key))) for key in found])
         if orphans:
             await self.r.delete(*orphans)
+            self.stats_dirty = True
             log.info("offload tier: deleted %d orphaned block writes", len(orphans))
         self.sweep.advance(int(cursor), now, len(orphans))
 
@@ -258,6 +259,8 @@ class KvStoreLoop:
         if not self.stats_dirty or (not idle and now - self.last_stats < STATS_INTERVAL_S):
             return
         stats = self.pools.stats()
+        if self.pools.tier is not None:
+            stats["tier_num_swept"] = self.sweep.num_swept
         stats.update(integrity_ok=self.integrity_error is None, integrity_error=self.integrity_error,
                      incarnation=self.incarnation,
                      step_id=self.last_step_id, worker_ids=sorted(self.pools.pools))

@@ -6,7 +6,9 @@ the step that loads them may still run (steps run in order, at most STEPS_IN_FLI
 kvstore): then at the first step after that one. A block read anyway after its eviction is only
 computed instead (the worker's fallback), so this bounds work, not correctness. A block to store is
 a reservation until the worker's result says it is written (confirm()); one not confirmed within
-PENDING_STEPS steps of this pool is dropped, so no request ever loads a block before its bytes."""
+PENDING_STEPS steps of this pool is dropped, so no request ever loads a block before its bytes.
+A fill (a block full before its last token reaches here: async scheduling) is hashed and written by the
+worker; it is reserved once hashed here or indexed once the worker names it, whichever comes first."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class TierLink:
         self._released: list[tuple[int, list[TierKey]]] = []  # freed: (first step they may be unpinned, entries)
         self._stores: list[tuple[str, int, bytes]] = []  # (request id, block index, hash) to write
         self._reserved: dict[TierKey, int] = {}  # stores planned, not confirmed: key -> step, oldest first
+        self._fills: list[tuple[str, int, bytes]] = []  # (request id, block index, parent hash) to hash and write
+        self._filling: dict[tuple[str, int], int] = {}  # fills planned, not named: (request id, index) -> step
         self.num_hit_blocks = 0  # blocks admitted from the tier (loads planned)
         self.num_stored_blocks = 0  # blocks this pool was told to write
 
@@ -50,14 +54,21 @@ class TierLink:
         self.num_hit_blocks += len(keys)
 
     def on_hashed(self, request_id: str, block_index: int, block_hash: bytes) -> None:
-        """A block became full and hashed in this pool: the worker writes it unless the tier has it."""
+        """A block became full and hashed in this pool: the worker writes it unless the tier has it (or a fill)."""
         key = self.key(block_hash)
         if key in self.index:
             self.index.insert(key, self.block_bytes)  # a touch
         elif self.index.reserve(key, self.block_bytes, self):
             self._reserved.pop(key, None)
             self._reserved[key] = self._step
-            self._stores.append((request_id, block_index, block_hash))
+            if (request_id, block_index) not in self._filling:
+                self._stores.append((request_id, block_index, block_hash))
+                self.num_stored_blocks += 1
+
+    def on_filled(self, request_id: str, block_index: int, parent_hash: bytes) -> None:
+        if (request_id, block_index) not in self._filling:
+            self._filling[(request_id, block_index)] = self._step
+            self._fills.append((request_id, block_index, parent_hash))
             self.num_stored_blocks += 1
 
     def confirm(self, block_hashes: Sequence[bytes]) -> None:
@@ -66,7 +77,23 @@ class TierLink:
             self.index.confirm(key, self)
             self._reserved.pop(key, None)
 
+    def confirm_filled(self, filled: Sequence[tuple[str, int, bytes]]) -> None:
+        """(request id, index, hash) the worker wrote; one not planned here or without room is deleted."""
+        for request_id, block_index, block_hash in filled:
+            key = self.key(block_hash)
+            planned = self._filling.pop((request_id, block_index), None) is not None
+            if planned and key not in self.index and not self.index.is_pending(key):
+                if self.index.insert(key, self.block_bytes):
+                    continue
+            self.index.confirm(key, self)
+            self._reserved.pop(key, None)
+
     def free(self, request_id: str) -> None:
+        unrun = [(rid, index) for rid, index, _parent in self._fills if rid == request_id]
+        for name in unrun:
+            del self._filling[name]
+        if unrun:
+            self._fills = [fill for fill in self._fills if fill[0] != request_id]
         admitted, keys = self._pins.pop(request_id, (0, []))
         safe_from = admitted + STEPS_IN_FLIGHT + 1
         if self._step >= safe_from:
@@ -87,6 +114,11 @@ class TierLink:
                 break
             del self._reserved[key]
             self.index.cancel(key, self)
+        while self._filling:
+            name, step = next(iter(self._filling.items()))
+            if step + PENDING_STEPS > self._step:
+                break
+            del self._filling[name]
 
     def _unpin(self, keys: list[TierKey]) -> None:
         for key in keys:
@@ -95,6 +127,10 @@ class TierLink:
     def take_stores(self) -> list[tuple[str, int, bytes]]:
         stores, self._stores = self._stores, []
         return stores
+
+    def take_fills(self) -> list[tuple[str, int, bytes]]:
+        fills, self._fills = self._fills, []
+        return fills
 
     def release_all(self) -> None:
         """The pool is gone (worker dropped or reset): every pin ends."""
@@ -106,6 +142,8 @@ class TierLink:
         self._released.clear()
         self._stores.clear()
         self._reserved.clear()
+        self._fills.clear()
+        self._filling.clear()
 
     def reserved(self) -> set[TierKey]:
         return set(self._reserved)

@@ -77,8 +77,9 @@ class WorkerPools:
             log.warning("alloc request for step %d of worker %s redelivered (last %d): dropped", step_id,
                         request.worker_id, pool.last_step_id)
             return None
-        if pool.manager.tier is not None and request.tier_written:  # before a reset ends its reservations
+        if pool.manager.tier is not None:  # before a reset ends its reservations
             pool.manager.tier.confirm(request.tier_written)
+            pool.manager.tier.confirm_filled(request.tier_filled)
         if not request.reset and not pool.synced:
             log.warning("alloc request for step %d of worker %s before the scheduler's reset: refused", step_id,
                         request.worker_id)

@@ -76,6 +76,7 @@ class Scheduler:
         self._next_step_id = 0
         self._free_request_ids: list[str] = []
         self._tier_written: list[bytes] = []
+        self._tier_filled: list[tuple[str, int, bytes]] = []
         self._stores_unflushed = False  # the last plan's tier writes wait for a later step's result to name them
         self._worker_finished_ids: list[str] = []
         self._abort_deltas: list[RequestDelta] = []
@@ -138,7 +139,7 @@ class Scheduler:
 
     def has_finished_requests(self) -> bool:
         return bool(self._free_request_ids or self._worker_finished_ids or self._abort_deltas or self._tier_written
-                    or self._stores_unflushed)
+                    or self._tier_filled or self._stores_unflushed)
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._in_flight)
@@ -204,8 +205,10 @@ class Scheduler:
         self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
+        filled, self._tier_filled = self._tier_filled, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
-                            forks=self._forks.take_forks(), tier_written=written, num_free_seqs=num_free_seqs)
+                            forks=self._forks.take_forks(), tier_written=written, tier_filled=filled,
+                            num_free_seqs=num_free_seqs)
 
     def on_alloc(self, reply: AllocReply) -> StepPlan:
         pending = self._pending
@@ -216,7 +219,8 @@ class Scheduler:
             raise ValueError("alloc reply does not answer exactly the candidates")
         self._pending = None
         plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores),
-                        stores_lag=self.max_steps_in_flight - 1, compile_grammars=self.grammars.take_asks())
+                        tier_fills=list(reply.tier_fills), stores_lag=self.max_steps_in_flight - 1,
+                        compile_grammars=self.grammars.take_asks())
         in_flight = InFlightStep(pending.step_id)
         self._stores_unflushed = bool(plan.tier_stores) and plan.stores_lag > 0
         admitted: list[Request] = []
@@ -279,6 +283,7 @@ class Scheduler:
         accepted = self._in_flight[0].accepted_drafts(result)
         self._counters.count_tier(result)
         self._tier_written += result.tier_written
+        self._tier_filled += result.tier_filled
         in_flight = self._in_flight.popleft()
         self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
         self.grammars.compiled(result.compiled_grammars)

@@ -40,7 +40,7 @@ def up(tmp_path_factory):
     # 900 blocks: the survivor holds all 8 of the kill test's requests (about 96 blocks each);
     # 512-token steps and a long step timeout: a slow shared machine must not reset the workers
     argv = [*pagedserve_argv(), "up", "--workers", "2", "--router", "round-robin", "--dtype", "float32",
-            "--num-blocks", "900", "--no-async-scheduling", "--max-num-batched-tokens", "512", "--step-timeout", "300", "--port", str(port), "--prefix", prefix, "--ready-timeout", str(START_TIMEOUT_S)]
+            "--num-blocks", "900", "--max-num-batched-tokens", "512", "--step-timeout", "300", "--port", str(port), "--prefix", prefix, "--ready-timeout", str(START_TIMEOUT_S)]
     proc = subprocess.Popen(argv, env=base_env(REDIS_URL=REDIS_URL, PAGEDSERVE_CHECK_INTEGRITY="1"), stdout=log,
                             stderr=subprocess.STDOUT)
 
@@ -88,8 +88,9 @@ def stats(keys: Keys, service: str) -> dict:
 
 def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
     """8 requests of 1,500-token prompts, 4 on each worker; one worker is killed while all 8 are
-    generating. Each of its requests resumes on the survivor recomputing at most one block (the
-    stack schedules synchronously: a block is in the tier before any later token is known)."""
+    generating. Each of its requests resumes on the survivor recomputing at most one block, under
+    async scheduling (the default): a block that fills before the kvstore knows its last token is
+    hashed and written by the worker (a tier fill), and no token after it is known before it is."""
     client, keys, log_path = up
     prompts = [[100 + (i * 7919 + j * 104729) % 30000 for j in range(MOVED_PROMPT_TOKENS)] for i in range(8)]
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 
+import msgpack
 import redis.asyncio as aioredis
 
 from pagedserve.services.kvstore.loop import KvStoreLoop
@@ -48,9 +49,11 @@ async def _scenario() -> tuple[set[str], set[str], int, set[str], set[str]]:
         kv.sweep.next_at = 0.0
         await _round(kv)
         third = {k.decode() for k in await r.keys(f"{keys.prefix}:*")}
+        await kv._write_stats(idle=True)  # the count reaches /metrics through the stats blob
+        assert msgpack.unpackb(await r.get(keys.stats("kvstore")), raw=False)["tier_num_swept"] == 3
         return set(names.values()) | {other, tier_lru_key(keys)}, first, swept_first, second, third
     finally:
-        await r.delete(*names.values(), other, tier_lru_key(keys))
+        await r.delete(*names.values(), other, tier_lru_key(keys), keys.stats("kvstore"), keys.stats("block_map"))
         await r.aclose()
 
 
