@@ -18,7 +18,7 @@ from pagedserve.services.api.admission import REFRESH_S, AdmissionGate
 from pagedserve.services.api.control import ControlCommands
 from pagedserve.services.api.generation import Generation, Output
 from pagedserve.services.api.live_table import LiveTable, record_id_of
-from pagedserve.services.api.records import RecordStore
+from pagedserve.services.api.records import RecordStore, refusals
 from pagedserve.services.api.request import ApiRequest
 from pagedserve.shared import redis_io
 from pagedserve.shared.codec import pack
@@ -183,11 +183,11 @@ class ApiLoop(ControlCommands):
         try:
             present = await self.redis.exists(self.keys.heartbeat("scheduler")), \
                 await self.redis.exists(self.keys.heartbeat("kvstore"))
-            workers = [k async for k in self.redis.scan_iter(match=self.keys.heartbeat_pattern("worker"), count=100)]
+            worker = await anext(self.redis.scan_iter(match=self.keys.heartbeat_pattern("worker"), count=100), None)
         except _TRANSIENT:
             return ["redis"]
         missing = [name for name, ok in zip(("scheduler", "kvstore"), present, strict=True) if not ok]
-        return missing + ([] if workers else ["worker"])
+        return missing + ([] if worker is not None else ["worker"])
 
     async def _read_deltas(self) -> None:
         backoff, pending = Backoff(), True  # first what an earlier run read and did not acknowledge
@@ -242,16 +242,16 @@ class ApiLoop(ControlCommands):
             for gen, out in items:
                 gen.request.seq += 1
                 out.seq = gen.request.seq
+            events = [(gen.request.request_id, out.seq, gen.event(out), out.finish_reason is not None)
+                      for gen, out in items]
             while True:
                 pipe = self.redis.pipeline(transaction=False)
-                for gen, out in items:
-                    self.records.append(pipe, gen.request.request_id, out.seq, gen.event(out),
-                                        out.finish_reason is not None)
+                self.records.append(pipe, events)
                 if ack:
                     pipe.xack(self.deltas_stream, GROUP, *ack)
                 try:
                     replies = await pipe.execute(raise_on_error=False)
-                    for error in {str(r) for r in replies if isinstance(r, Exception)}:
+                    for error in refusals(replies):
                         log.error("a record write was refused: %s", error)  # a bug here, not Redis
                     return
                 except _TRANSIENT as e:
@@ -303,13 +303,13 @@ class ApiLoop(ControlCommands):
     async def _rewrite_records(self) -> None:
         await redis_io.ensure_group(self.redis, self.deltas_stream, GROUP)
         async with self._write_lock:
-            pipe = self.redis.pipeline(transaction=False)
+            pipe, events = self.redis.pipeline(transaction=False), []
             for request in self.table.requests():
                 self.records.create(pipe, request.request_id, request.meta(self.api_id), request.group_submit())
                 for gen in request.gens:
                     request.seq += 1
-                    self.records.append(pipe, request.request_id, request.seq, gen.snapshot_event(), gen.finished,
-                                        expire=True)
+                    events.append((request.request_id, request.seq, gen.snapshot_event(), gen.finished))
+            self.records.append(pipe, events, expire=True)
             await pipe.execute()
         log.warning("redis restarted: %d request records written again", len(self.table.requests()))
 

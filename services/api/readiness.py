@@ -4,6 +4,7 @@ need the model answer 503 "not_ready" with Retry-After rather than queue work no
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pagedserve.services.api.edge import refuse
@@ -24,12 +25,21 @@ class Readiness:
         self.loop = loop
         self._missing: list[str] = ["redis"]
         self._checked_at = float("-inf")
+        self._check: asyncio.Task | None = None  # the one check under way: a burst of requests shares it
 
     async def missing(self, fresh: bool = False) -> list[str]:
         if fresh or time.monotonic() - self._checked_at >= CHECK_INTERVAL_S:
+            if self._check is None:
+                self._check = asyncio.create_task(self._refresh())
+            await asyncio.shield(self._check)  # a caller cancelled leaves it to the others
+        return self._missing
+
+    async def _refresh(self) -> None:
+        try:
             self._missing = await self.loop.missing_services()
             self._checked_at = time.monotonic()
-        return self._missing
+        finally:
+            self._check = None
 
 
 class ReadyGate:

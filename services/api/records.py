@@ -41,6 +41,12 @@ def event_id(seq: int) -> str:
     return f"0-{seq}"
 
 
+def refusals(replies: list) -> set[str]:
+    """The errors in a pipeline's replies (raise_on_error=False), an append's refused events among them."""
+    found = {str(r) for r in replies if isinstance(r, Exception)}
+    return found | {e.decode() if isinstance(e, bytes) else str(e) for r in replies if isinstance(r, list) for e in r}
+
+
 def seq_of(entry_id: bytes | str) -> int:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.partition("-")[2])
@@ -96,6 +102,30 @@ def _event_json(event: dict) -> bytes | str:
     return json.dumps(event, ensure_ascii=False) if "logprobs" in event else _encode(event)
 
 
+# ARGV: ttl, the event field, then one msgpack array of [events key, id, JSON, expiry(, record key)] per event
+# (expiry 0: none, 1: the events' TTL, 2: the record's too). The keys ride in the payload, not KEYS:
+# one argument for the whole batch, where one per key costs redis-py's Python packing (standalone
+# Redis and Sentinel only; a Cluster would need one call per slot). An event refused (an id not
+# above its stream's last) is skipped and its error returned: the others are written still.
+_APPEND = """
+local ttl, errors = ARGV[1], {}
+for _, e in ipairs(cmsgpack.unpack(ARGV[3])) do
+  local reply = redis.pcall('XADD', e[1], e[2], ARGV[2], e[3])
+  if type(reply) == 'table' and reply.err then errors[#errors + 1] = reply.err end
+  if e[4] > 0 then redis.call('EXPIRE', e[1], ttl) end
+  if e[4] > 1 then redis.call('EXPIRE', e[5], ttl) end
+end
+return errors
+"""
+_pack_events = msgspec.msgpack.Encoder().encode
+
+
+def _event_text(event: dict) -> str:
+    """As str: Redis's cmsgpack reads msgpack str, not bin."""
+    text = _event_json(event)
+    return text if isinstance(text, str) else text.decode()
+
+
 class RecordStore:
     def __init__(self, r: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.r, self.keys, self.ttl_s = r, keys, ttl_s
@@ -106,14 +136,17 @@ class RecordStore:
         pipe.hset(key, mapping={"meta": json.dumps(meta), "submit": pack(submit)})
         pipe.expire(key, self.ttl_s)
 
-    def append(self, pipe, request_id: str, seq: int, event: dict, final: bool, expire: bool = False) -> None:
-        """Queue one event on `pipe`; the TTL is refreshed on the first, every TTL_EVERY-th and the last."""
-        key = events_key(self.keys, request_id)
-        pipe.xadd(key, {EVENT: _event_json(event)}, id=event_id(seq))
-        if expire or final or seq % TTL_EVERY == 1:
-            pipe.expire(key, self.ttl_s)
-        if final:
-            pipe.expire(record_key(self.keys, request_id), self.ttl_s)
+    def append(self, pipe, events: list[tuple[str, int, dict, bool]], expire: bool = False) -> None:
+        """Queue (request id, seq, event, final)s on `pipe` as one EVAL; the TTL is refreshed on the
+        first, every TTL_EVERY-th and the last event of a request (expire: on every event)."""
+        if not events:
+            return
+        batch = []
+        for request_id, seq, event, final in events:
+            entry = [events_key(self.keys, request_id), event_id(seq), _event_text(event),
+                     2 if final else 1 if expire or seq % TTL_EVERY == 1 else 0]
+            batch.append([*entry, record_key(self.keys, request_id)] if final else entry)
+        pipe.eval(_APPEND, 0, self.ttl_s, EVENT, _pack_events(batch))
 
     async def load(self, request_id: str) -> tuple[dict, SubmitRequest] | None:
         fields = await self.r.hgetall(record_key(self.keys, request_id))
