@@ -9,7 +9,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pagedserve.services.bench.report import LATENCY_STATS, latency_summary, pri
 from pagedserve.services.bench.serve_client import RequestRecord, run_load
 from pagedserve.services.bench.stack_cpu import StackCpu
 from pagedserve.services.bench.workloads import BenchRequest, load_workload
+from pagedserve.services.launcher.embedded_redis import free_port
 
 SCRAPE_EVERY_S = 0.25
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -151,17 +151,11 @@ def summarize(system: str, records: list[RequestRecord], wall: float, peak_kv: f
     return result
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LaunchedStack:
     """`pagedserve up` as a child process on a free port, its own Redis key prefix."""
 
     def __init__(self, up_args: list[str], dtype: str, model: str | None = None, timeout_s: float = 300.0) -> None:
-        port = _free_port()
+        port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "pagedserve.services.cli", "up", "--port", str(port), "--dtype", dtype,
                 "--prefix", f"bench-{uuid.uuid4().hex[:8]}", "--log-level", "warning",

@@ -9,7 +9,6 @@ A failing test gets the api's log (and the back-end's) in its report.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from pagedserve.services.launcher.embedded_redis import free_port
 from pagedserve.shared.codec import unpack
 from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import FIELD, Keys
@@ -28,12 +28,6 @@ from tests.waiting import stop_process
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
 START_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ApiProcess:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from pagedserve.services.launcher.embedded_redis import free_port  # noqa: F401  (re-exported to the tests)
 from tests.waiting import wait_for  # noqa: F401  (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,12 +29,6 @@ def base_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int) -> bool:

@@ -7,7 +7,7 @@ import subprocess
 
 import redis
 
-from tests.faults.test_restarts import _free_port
+from pagedserve.services.launcher.embedded_redis import free_port
 from tests.waiting import wait_for
 
 SERVICE = "pagedserve"
@@ -19,8 +19,8 @@ class Sentinels:
 
     def __init__(self, tmp_path) -> None:
         self.dir = tmp_path
-        self.master_port, self.replica_port = _free_port(), _free_port()
-        self.sentinel_ports = [_free_port() for _ in range(3)]
+        self.master_port, self.replica_port = free_port(), free_port()
+        self.sentinel_ports = [free_port() for _ in range(3)]
         self.procs: dict[str, subprocess.Popen] = {}
         self.url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports) + f"/{SERVICE}/0"
         server = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]

@@ -11,7 +11,6 @@ requests sent after a Redis restart are served; the kvstore holds 0 blocks once 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import uuid
@@ -21,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from tests.api.conftest import ApiProcess
+from tests.api.conftest import ApiProcess, free_port
 from tests.services.conftest import ServiceStack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -32,17 +31,11 @@ CLIENT_TIMEOUT_S = 240.0
 API_ID = "fault-api"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OwnRedis:
     """A redis-server of this suite's own (no persistence), killed and restarted on its port."""
 
     def __init__(self, log_dir) -> None:
-        self.port, self.log_dir = _free_port(), log_dir
+        self.port, self.log_dir = free_port(), log_dir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
 
