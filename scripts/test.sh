@@ -8,6 +8,6 @@ python3 -m ruff check shared services tests
 report="${PAGEDSERVE_TEST_REPORT:-/tmp/pagedserve-tests.xml}"  # per-test times, summed per module below
 workers="${PAGEDSERVE_TEST_WORKERS:-0}"  # pytest-xdist workers; 0: one process (faster on a loaded 2-core box)
 status=0
-python3 -m pytest -q -n "$workers" --dist loadgroup --durations=15 --junitxml="$report" "$@" || status=$?
+python3 -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=15 --junitxml="$report" "$@" || status=$?
 python3 scripts/test_times.py "$report" || true
 exit "$status"

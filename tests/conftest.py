@@ -12,19 +12,63 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Modules whose tests run one after another, on one worker, even under pytest-xdist: the fault
 # tests time outages and restarts, and share the machine's network namespaces.
 SERIAL_GROUPS = {"tests/faults/": "faults"}
+# Session fixtures that start processes or load the model: the modules using one share a group,
+# so under pytest-xdist each starts once, on one worker, not once per worker.
+SHARED_SESSION_FIXTURES = ("backend", "engine_f32", "hf_model")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` each module is one group (its module fixtures start
-    once, on one worker), and the serial groups go first: they are the longest chain."""
+    """Under `pytest -n N --dist loadgroup --no-loadscope-reorder` each module is one group (its
+    module fixtures start once, on one worker), modules sharing an expensive session fixture are
+    one group, and the serial groups go first, then the shared ones: the longest chains."""
+    groups = _groups(items)
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::")[0]
-            group = next((name for prefix, name in SERIAL_GROUPS.items() if path.startswith(prefix)), path)
-            item.add_marker(pytest.mark.xdist_group(name=group))
+            item.add_marker(pytest.mark.xdist_group(name=groups[_module(item)]))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the schedule's
         serial = set(SERIAL_GROUPS.values())
-        items.sort(key=lambda item: _group(item) not in serial)
+        items.sort(key=lambda item: 0 if _group(item) in serial else 1 if "+" in _group(item) else 2)
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _groups(items) -> dict[str, str]:
+    """Module path -> its xdist group: its serial group, else the modules and session fixtures
+    it is connected to (union-find; such a group is named by its fixtures, joined by "+")."""
+    parent: dict[str, str] = {}
+
+    def root(node: str) -> str:
+        while parent.setdefault(node, node) != node:
+            node = parent[node]
+        return node
+
+    for item in items:
+        module = _module(item)
+        root(module)
+        for name in _session_fixtures(item):
+            parent[root(f"fixture:{name}")] = root(module)
+    members: dict[str, set[str]] = {}
+    for node in list(parent):
+        members.setdefault(root(node), set()).add(node)
+    groups = {}
+    for nodes in members.values():
+        modules = sorted(n for n in nodes if not n.startswith("fixture:"))
+        fixtures = sorted(n[len("fixture:"):] for n in nodes if n.startswith("fixture:"))
+        serial = [name for prefix, name in SERIAL_GROUPS.items() if any(m.startswith(prefix) for m in modules)]
+        name = serial[0] if serial else "+".join(["session", *fixtures]) if fixtures else modules[0]
+        groups.update(dict.fromkeys(modules, name))
+    return groups
+
+
+def _session_fixtures(item) -> list[str]:
+    """The SHARED_SESSION_FIXTURES item uses (through other fixtures too), as defined in a conftest:
+    a module's own fixture of the same name is not one."""
+    defs = getattr(item, "_fixtureinfo", None)
+    defs = defs.name2fixturedefs if defs is not None else {}
+    return [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())
+            and defs.get(name) and defs[name][-1].scope == "session"]
 
 
 def _group(item) -> str:
