@@ -36,8 +36,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
     architecture: str = "llama"  # the family (model_families.py)
-    qkv_bias: bool = False  # q/k/v projections add a bias
-    o_bias: bool = False  # the output projection adds a bias
+    qkv_bias: bool = False
+    o_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm of q and k (weights [head_dim]) before rope
     partial_rotary_factor: float = 1.0  # rope turns the first rotary_dim dims of each head only
     hidden_act: str = "silu"  # the MLP's gate activation, one of HIDDEN_ACTS

@@ -123,16 +123,29 @@ def _publish(entry: str, meta: TokenizerMeta, backend) -> None:
         if os.path.isfile(os.path.join(entry, "tokenizer.json")):  # transformers' save of a GGUF: add the meta
             write_meta(entry, meta)
             return
-        os.makedirs(os.path.dirname(entry), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(entry))
+    except OSError:
+        return  # read-only home etc.: transformers at every start
+
+    def write(staging: str) -> None:
         backend.save(os.path.join(staging, "tokenizer.json"))
         write_meta(staging, meta)
+
+    _write_atomically(entry, write)
+
+
+def _write_atomically(entry: str, write) -> None:
+    """write(folder) into a staging folder, renamed to entry: readers never see a half-written
+    entry; if another process published it first, or the cache is read-only, nothing changes."""
+    try:
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(entry))
+        write(staging)
         try:
-            os.rename(staging, entry)  # atomic: readers never see a half-written cache entry
-        except OSError:  # another process published it first
+            os.rename(staging, entry)
+        except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError:
-        pass  # read-only home etc.: transformers at every start
+        pass
 
 
 def _load_hf(directory: str, **kwargs):
@@ -149,14 +162,5 @@ def load_gguf_hf_tokenizer(gguf_file: str, cache_root: str | None):
     if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
         return _load_hf(cached)
     tokenizer = _load_hf(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
-    try:
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".staging-", dir=os.path.dirname(cached))
-        tokenizer.save_pretrained(staging)
-        try:
-            os.rename(staging, cached)  # atomic: readers never see a half-written cache entry
-        except OSError:  # another process published it first
-            shutil.rmtree(staging, ignore_errors=True)
-    except OSError:
-        pass  # read-only home etc.: run uncached
+    _write_atomically(cached, tokenizer.save_pretrained)
     return tokenizer

@@ -40,11 +40,8 @@ def multi_prefix(num_prefixes: int, per_prefix: int, seed: int, prefix: int, suf
 
 
 WORKLOADS: dict[str, Callable[[], list[dict]]] = {
-    # 64 requests, prompts 64-512 tokens, outputs 32-256 tokens
     "random-64": lambda: random_mix(64, 0, 64, 512, 32, 256),
-    # 32 requests sharing a 512-token prefix, 32 distinct tokens each, 64 output tokens
     "shared-prefix-32": lambda: shared_prefix(32, 1, 512, 32, 64),
-    # 128 short prompts (16-64 tokens), 256 output tokens each
     "decode-heavy-128": lambda: random_mix(128, 3, 16, 64, 256, 256),
     # 8 system prompts of 512 tokens, 8 requests each (shuffled), 32 distinct tokens, 32 output tokens
     "multi-prefix-64": lambda: multi_prefix(8, 8, 4, 512, 32, 32),
