@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,28 @@ class Output:
                       later.finish_reason, later.seq, later.error)
 
 
+class Outputs(deque):
+    """A sequence's Outputs not read yet, for its one reader (asyncio.Queue's work without its
+    getters' bookkeeping: the api puts one per token of every stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, out: Output) -> None:
+        self.append(out)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        while not self:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
 class Generation:
     def __init__(self, request: ApiRequest, index: int, sequence_id: str, api_id: str, tokenizer,
                  metrics: ApiMetrics, listen: bool = True):
@@ -62,7 +85,7 @@ class Generation:
         self.prompt_ranks: dict[int, int] = {}  # prompt index -> its token's rank in the model's distribution
         self._detok = Detokenizer(tokenizer, request.prompt_token_ids, request.stop,
                                   min_tokens=request.sampling.min_tokens)
-        self.outputs: asyncio.Queue | None = asyncio.Queue() if listen else None  # None: nobody listens here
+        self.outputs: Outputs | None = Outputs() if listen else None  # None: nobody listens here
         self._arrival = time.monotonic()
         self._last_token_time: float | None = None
 
@@ -95,16 +118,14 @@ class Generation:
     async def next(self) -> Output | None:
         """The next output, or None once finished. Outputs queued meanwhile come merged into one: a
         reader that fell behind catches up in one write (as vLLM's output collector merges deltas)."""
-        if self.outputs is None:
+        outputs = self.outputs
+        if outputs is None or not outputs and self.finished:
             return None
-        if not self.outputs.empty():  # the common case while streaming: no task
-            out = self.outputs.get_nowait()
-        elif self.finished:
-            return None
-        else:
-            out = await self.outputs.get()
-        while out.finish_reason is None and not self.outputs.empty():
-            out = out.followed_by(self.outputs.get_nowait())
+        if not outputs:
+            await outputs.wait()
+        out = outputs.popleft()
+        while out.finish_reason is None and outputs:
+            out = out.followed_by(outputs.popleft())
         return out
 
     def replay(self, token_ids: list[int]) -> None:
@@ -137,8 +158,7 @@ class Generation:
             ids = ids[len(self.token_ids) - start:]  # a resend: keep only what is new
             if not ids and delta.finish_reason is None:
                 return None
-        vocab = self.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
+        if ids and (min(ids) < 0 or max(ids) >= self.tokenizer.vocab_size):
             log.error("sequence %s: token id out of range in a delta; ending it", self.sequence_id)
             return self.fail("bad token id on the wire")
         finish = delta.finish_reason
@@ -148,7 +168,7 @@ class Generation:
                 self.abort_why = "stop string"
             finish = "stop"
         self.token_ids.extend(ids)
-        logprobs = list(delta.logprobs)[-len(ids):] if ids else []
+        logprobs = delta.logprobs[-len(ids):] if ids and delta.logprobs else []
         self.logprobs.extend(logprobs)
         if step.text:
             self._text_parts.append(step.text)
