@@ -21,9 +21,18 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
 
 def stop_process(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> None:
     """Send sig, wait up to timeout for the exit, then SIGKILL."""
-    proc.send_signal(sig)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_processes([proc], timeout, sig)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float, sig: int = signal.SIGTERM) -> None:
+    """Send sig to all at once, wait up to timeout for each exit, then SIGKILL: they wind down
+    together, so stopping several takes the longest one's time, not their sum."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

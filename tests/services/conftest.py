@@ -28,7 +28,7 @@ from pagedserve.shared.codec import pack, unpack
 from pagedserve.shared.messages import AbortRequest, DeltaBatch, SamplingParams, SubmitRequest
 from pagedserve.shared.redis_connect import sync_client
 from pagedserve.shared.streams import FIELD, Keys
-from tests.waiting import stop_process, wait_for  # noqa: F401  (wait_for re-exported to the tests)
+from tests.waiting import stop_processes, wait_for  # noqa: F401  (wait_for re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -129,9 +129,8 @@ class ServiceStack:
         return "\n".join(parts)
 
     def close(self) -> None:
-        for service in list(self.procs):
-            proc = self.procs.pop(service)
-            stop_process(proc, 20)
+        stop_processes(list(self.procs.values()), 20)
+        self.procs.clear()
         delete_prefix(self.keys.prefix, self.redis_url)
         self.redis.close()
 
