@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedserve.services.gpu_worker.tier_fills import TierFills
 from pagedserve.services.kvstore.block_manager import BlockManager
@@ -110,11 +112,11 @@ def test_a_reset_confirms_the_fills_its_request_names_first():
     assert ("ns", h[1]) in pools.tier
 
 
-def run_with_tier(max_steps_in_flight: int) -> int:
-    """Three requests through the scheduler, a BlockManager with a tier and a fake worker that writes
-    what it is told (tier_blocks' rules: its fills as TierFills hashes them); the most blocks any
-    running request would recompute past its last partial one, were its worker lost at any step."""
-    scheduler, _allocator, worker = make_stack(max_steps_in_flight=max_steps_in_flight, max_num_batched_tokens=16)
+def run_with_tier(max_steps_in_flight: int, prompts=(9, 14, 5), max_tokens: int = 19, budget: int = 16) -> int:
+    """Requests through the scheduler, a BlockManager with a tier and a fake worker that writes what
+    it is told (tier_blocks' rules: its fills as TierFills hashes them); the most blocks any
+    generating request would recompute past its last partial one, were its worker lost at any step."""
+    scheduler, _allocator, worker = make_stack(max_steps_in_flight=max_steps_in_flight, max_num_batched_tokens=budget)
     index = TierIndex(1 << 20)
     manager = BlockManager(256, 4, enable_prefix_caching=True, tier=TierLink(index, "ns", 1))
     fills = TierFills(4)
@@ -125,8 +127,8 @@ def run_with_tier(max_steps_in_flight: int) -> int:
             manager.tier.confirm(request.tier_written)
             manager.tier.confirm_filled(request.tier_filled)
             return manager.step(request)
-    for i, num_prompt_tokens in enumerate((9, 14, 5)):
-        scheduler.add_request(make_request(f"r{i}", num_prompt_tokens=num_prompt_tokens, max_tokens=19))
+    for i, num_prompt_tokens in enumerate(prompts):
+        scheduler.add_request(make_request(f"r{i}", num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens))
     planned, worst = deque(), 0
     while scheduler.has_requests():
         if scheduler.can_schedule() and (not planned or scheduler.has_work_ahead()):
@@ -152,3 +154,10 @@ def run_with_tier(max_steps_in_flight: int) -> int:
 @pytest.mark.parametrize("max_steps_in_flight", [1, 2])
 def test_no_known_token_follows_a_block_the_tier_lacks_sync_or_async(max_steps_in_flight):
     assert run_with_tier(max_steps_in_flight) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 2), st.lists(st.integers(1, 24), min_size=1, max_size=4), st.integers(1, 24),
+       st.integers(4, 24))
+def test_any_schedule_keeps_every_full_block_ahead_of_the_tokens_after_it(in_flight, prompts, max_tokens, budget):
+    assert run_with_tier(in_flight, prompts, max_tokens, budget) == 0
