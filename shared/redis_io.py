@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,19 @@ async def send(r: aioredis.Redis, stream: str, message: Any, maxlen: int = DEFAU
     return await r.xadd(stream, {FIELD: pack(message)}, maxlen=maxlen, approximate=True)
 
 
+def _pipeline(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]):
+    pipe = r.pipeline(transaction=False)
+    for stream, message in sends:
+        pipe.xadd(stream, {FIELD: pack(message)}, maxlen=DEFAULT_MAXLEN, approximate=True)
+    return pipe
+
+
+async def send_all(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]) -> None:
+    """(stream, message) pairs sent in order, in one round trip."""
+    if sends:
+        await _pipeline(r, sends).execute()
+
+
 @dataclass
 class Entry:
     stream: str
@@ -116,12 +129,18 @@ def _decode(stream: str, entry_id: bytes, fields: dict, expected: tuple[type, ..
 
 async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapping[str, tuple[type, ...]],
                      block_ms: int | None, count: int = 256, noack: bool = True,
-                     pending: bool = False) -> list[Entry]:
+                     pending: bool = False, sends: Sequence[tuple[str, Any]] = ()) -> list[Entry]:
     """New entries of `streams` (stream -> accepted types), decoded, acked unless noack=False;
-    pending=True re-reads this consumer's unacknowledged entries."""
+    pending=True re-reads this consumer's unacknowledged entries. sends: send_all()'s pairs, sent
+    first in the same round trip (a step's one message per hop, no round trip of its own)."""
+    ids, block = {s: "0" if pending else ">" for s in streams}, None if pending else block_ms
     try:
-        reply = await r.xreadgroup(group, consumer, {s: "0" if pending else ">" for s in streams}, count=count,
-                                   block=None if pending else block_ms, noack=noack)
+        if sends:
+            pipe = _pipeline(r, sends)
+            pipe.xreadgroup(group, consumer, ids, count=count, block=block, noack=noack)
+            reply = (await pipe.execute())[-1]
+        else:
+            reply = await r.xreadgroup(group, consumer, ids, count=count, block=block, noack=noack)
     except redis.exceptions.ResponseError as e:
         if "NOGROUP" not in str(e):
             raise

@@ -4,6 +4,7 @@ gets exactly one AllocReply (empty if it does not decode, so the scheduler reset
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -56,6 +57,7 @@ class KvStoreLoop:
         self.block_map_interval_s = BLOCK_MAP_INTERVAL_S
         self.tier_lru_seq = 0  # the score of the tier's most recent use recorded in redis
         self.sweep = TierSweep()
+        self.replies: list[tuple[str, AllocReply]] = []  # sent with the next read, in its round trip
 
     async def run(self, stop: asyncio.Event) -> int:
         await redis_io.ensure_group(self.r, self.keys.kv_alloc, GROUP, skip_backlog=True)
@@ -71,7 +73,9 @@ class KvStoreLoop:
         try:
             while not stop.is_set():
                 try:
-                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, self._block_ms())
+                    replies, self.replies = self.replies, []
+                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, self._block_ms(),
+                                                        sends=replies)
                     for entry in entries:
                         if entry.stream == self.keys.worker_hello:
                             if entry.error is None:
@@ -80,6 +84,8 @@ class KvStoreLoop:
                             await self._reset_prefix_cache(entry.message)
                         else:
                             await self._on_alloc(entry)
+                    if self.replies and self._round_trip_due():
+                        await self._send_replies()
                     if time.monotonic() >= self.next_lease_check:
                         await self._check_leases()
                     await self._write_stats(idle=not entries)
@@ -91,8 +97,18 @@ class KvStoreLoop:
                     log.error("redis error: %s; retrying in %.1fs", e, delay)
                     await asyncio.sleep(delay)
         finally:
+            with contextlib.suppress(*redis_io.REDIS_ERRORS):
+                await self._send_replies()
             await heartbeat.stop()
         return 0
+
+    def _round_trip_due(self) -> bool:
+        """A lease check, stats write or sweep is due: it would hold the replies back a round trip."""
+        return self._block_ms() <= 1 or (self.pools.tier is not None and self.sweep.due(time.monotonic()))
+
+    async def _send_replies(self) -> None:
+        replies, self.replies = self.replies, []
+        await redis_io.send_all(self.r, replies)
 
     async def _bootstrap_workers(self) -> None:
         for entry_id, hello in await redis_io.newest_per_worker(self.r, self.keys.worker_hello, WorkerHello,
@@ -219,7 +235,7 @@ class KvStoreLoop:
                         log.error("integrity check failed after step %d: %s", request.step_id, self.integrity_error)
         if reply is not None:
             await self._sync_tier()  # evicted contents deleted before any worker could store a block anew under one
-            await redis_io.send(self.r, self.keys.kv_reply, reply)
+            self.replies.append((self.keys.kv_reply, reply))
             self.stats_dirty, self.last_change = True, time.monotonic()
 
     def _check_integrity(self) -> None:

@@ -9,6 +9,7 @@ timeout or refused reply does so for one lane; a dead worker's requests move to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -61,6 +62,9 @@ class SchedulerLoop:
         self.inbox: list[SubmitRequest | AbortRequest | SetPolicy | PrefixCacheReset] = []
         self.policy_replies: list[tuple[str, CommandReply]] = []
         self.kv_commands: list[PrefixCacheReset] = []
+        # a step's messages go out with the next poll, in its round trip; deltas come back if it fails
+        self.sends: list[tuple[str, object]] = []
+        self.unsent: dict[str, list[RequestDelta]] = {}
         self.hello_ids: dict[str, tuple[int, int]] = {}
         self.kv_inc: str | None = None
         self.step_id = 0
@@ -86,7 +90,7 @@ class SchedulerLoop:
                     self._apply_inbox()
                     for lane in list(self.lanes.values()):
                         await self._advance(lane)
-                    await self._flush_outbox()
+                    self._flush_outbox()
                     await self._write_stats()
                     backoff.reset()
                     failing = False
@@ -98,8 +102,23 @@ class SchedulerLoop:
                     failing = True
                     await asyncio.sleep(delay)
         finally:
+            with contextlib.suppress(*redis_io.REDIS_ERRORS):
+                await self._send_queued()
             await heartbeat.stop()
         return 0
+
+    async def _send_queued(self, streams: dict | None = None, block_ms: int = 0) -> list[redis_io.Entry]:
+        """The queued messages, in order, then (streams given) a read of those, in one round trip."""
+        sends, self.sends = self.sends, []
+        unsent, self.unsent = self.unsent, {}
+        try:
+            if streams is None:
+                await redis_io.send_all(self.r, sends)
+                return []
+            return await redis_io.read_group(self.r, GROUP, CONSUMER, streams, block_ms, sends=sends)
+        except BaseException:
+            self.routes.restore(unsent)  # resent next flush; the api drops repeats
+            raise
 
     async def _advance(self, lane: WorkerLane) -> None:
         """Move one lane as far as its replies allow, then schedule its next step if it may and pays."""
@@ -125,7 +144,7 @@ class SchedulerLoop:
         alloc.reset, alloc.worker_id = lane.reset_kv, lane.worker_id
         lane.awaiting_alloc = alloc.step_id
         lane.touch(self.step_timeout_s)
-        await redis_io.send(self.r, self.keys.kv_alloc, alloc)
+        self.sends.append((self.keys.kv_alloc, alloc))
 
     async def _send_plan(self, lane: WorkerLane, reply: AllocReply) -> None:
         lane.awaiting_alloc = None
@@ -143,7 +162,7 @@ class SchedulerLoop:
         plan.reset, lane.reset_worker = lane.reset_worker, False
         lane.plans.append(plan)
         lane.touch(self.step_timeout_s)
-        await redis_io.send(self.r, self.keys.worker_plan(lane.worker_id), plan)
+        self.sends.append((self.keys.worker_plan(lane.worker_id), plan))
 
     def _read_result(self, lane: WorkerLane, result: StepResult) -> None:
         plan = lane.plans.popleft()
@@ -164,7 +183,7 @@ class SchedulerLoop:
                    self.keys.worker_results: (StepResult,)}
         if self.workers.model is not None:
             streams[self.keys.requests] = (SubmitRequest, AbortRequest, SetPolicy, PrefixCacheReset)
-        for entry in await redis_io.read_group(self.r, GROUP, CONSUMER, streams, max(1, int(block_s * 1000))):
+        for entry in await self._send_queued(streams, max(1, int(block_s * 1000))):
             message = entry.message
             if entry.error is not None:
                 log.error("bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
@@ -300,20 +319,15 @@ class SchedulerLoop:
         for delta in deltas:
             self.routes.route(delta)
 
-    async def _flush_outbox(self) -> None:
+    def _flush_outbox(self) -> None:
+        """Queue commands, replies and each api's deltas (one batch per api) after this round's steps."""
         commands, self.kv_commands = self.kv_commands, []
-        for command in commands:
-            await redis_io.send(self.r, self.keys.kv_alloc, command)
+        self.sends += [(self.keys.kv_alloc, command) for command in commands]
         replies, self.policy_replies = self.policy_replies, []
-        for api_id, reply in replies:
-            await redis_io.send(self.r, self.keys.api_deltas(api_id), reply)
-        outbox = self.routes.take()
-        try:
-            for api_id, deltas in list(outbox.items()):
-                await redis_io.send(self.r, self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas))
-                del outbox[api_id]
-        finally:
-            self.routes.restore(outbox)  # resent next flush; the api drops repeats
+        self.sends += [(self.keys.api_deltas(api_id), reply) for api_id, reply in replies]
+        for api_id, deltas in self.routes.take().items():
+            self.sends.append((self.keys.api_deltas(api_id), DeltaBatch(self.step_id, deltas)))
+            self.unsent.setdefault(api_id, []).extend(deltas)
 
     def _lane_failed(self, lane: WorkerLane, reason: str, quiet: bool = False) -> None:
         moved = lane.abandon()
@@ -347,6 +361,7 @@ class SchedulerLoop:
         busy = self.workers.is_busy()
         if not self.stats_dirty or (busy and time.monotonic() - self.last_stats < STATS_INTERVAL_S):
             return
+        await self._send_queued()  # a step's messages first: they wait on no stats
         blob = self.workers.stats()
         blob.update(step_id=self.step_id, incarnation=self.incarnation, policy=self.workers.policy.describe())
         await redis_io.write_stats(self.r, self.keys, "scheduler", blob)
