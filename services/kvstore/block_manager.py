@@ -83,21 +83,28 @@ class BlockManager:
         block_hashes: those of the blocks they fill (BlockTable.add_known_tokens)."""
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        if not self.can_allocate(request_id, num_new_tokens):
-            return None
+        # can_allocate() inlined: this runs once per running request per step
         table = self._tables.get(request_id)
+        num_tokens = num_new_tokens + (table.num_tokens if table is not None else 0)
+        copy = num_new_tokens > 0 and table is not None and self._must_copy_last_block(table)
+        num_new_blocks = max(0, num_blocks_for(num_tokens, self.block_size) - (len(table.blocks) if table else 0))
+        if num_new_blocks + copy > self.pool.num_free_blocks:
+            return None
         if table is None:
             table = self._tables[request_id] = self._new_table()
         if num_new_tokens > 0:
-            if self._must_copy_last_block(table):
+            if copy:
                 self._copy_last_block(table)
             table.is_fresh_fork = False
         start = table.num_tokens if token_ids_start < 0 else token_ids_start
-        table.num_tokens += num_new_tokens
-        new_blocks = self.pool.allocate(num_blocks_for(table.num_tokens, self.block_size) - len(table.blocks))
+        table.num_tokens = num_tokens
+        new_blocks = self.pool.allocate(num_new_blocks) if num_new_blocks else []
         table.blocks.extend(new_blocks)
-        table.add_known_tokens(start, list(token_ids), self.block_size, block_hashes if token_ids_start >= 0 else ())
-        self._cache_full_blocks(request_id, table)
+        if token_ids:
+            table.add_known_tokens(start, list(token_ids), self.block_size,
+                                   block_hashes if token_ids_start >= 0 else ())
+        if self.tier is not None or table.num_hashed_blocks < len(table.block_hashes):
+            self._cache_full_blocks(request_id, table)
         return [block.block_id for block in new_blocks]
 
     def admit(self, request_id: str, num_tokens: int, num_new_tokens: int, token_ids: Sequence[int] = (),

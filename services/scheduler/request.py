@@ -22,6 +22,8 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FORKED = "forked"  # a fork parent whose prefill is done: its n children carry on
 
+    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python, per lookup
+
     @property
     def is_finished(self) -> bool:
         return self in _FINISH_REASONS
@@ -88,11 +90,11 @@ class Request:
 
     def num_tokens_wanted(self, max_model_len: int) -> int:
         """Tokens a step could compute now: 0 while all is in flight or pending tokens hit a limit."""
-        if self.num_pending_tokens and (
-                self.num_output_tokens + self.num_pending_tokens >= self.sampling.max_tokens
-                or self.num_tokens + self.num_pending_tokens >= max_model_len):
+        pending, num_output = self.num_pending_tokens, len(self.output_token_ids)  # per running request, per step
+        num_tokens = len(self.prompt_token_ids) + num_output
+        if pending and (num_output + pending >= self.sampling.max_tokens or num_tokens + pending >= max_model_len):
             return 0
-        return self.num_tokens_to_compute - self.num_computed_tokens
+        return (num_tokens - 1 if self.sampling.n > 1 else num_tokens + pending) - self.num_computed_tokens
 
     def token_ids_between(self, start: int, stop: int) -> list[int]:
         num_prompt = len(self.prompt_token_ids)

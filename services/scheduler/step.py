@@ -109,7 +109,7 @@ def hashes_between(request: Request, start: int, stop: int) -> list[bytes]:
     hashes = request.block_hashes
     if hashes is None or stop <= start:
         return []
-    if hashes.num_tokens < stop:
+    if stop - hashes.num_tokens >= hashes.block_size:  # a block filled (most steps fill none)
         hashes.extend(request.token_ids_between(hashes.num_tokens, stop))
     return hashes.hashes[start // hashes.block_size: stop // hashes.block_size]
 

@@ -74,9 +74,9 @@ class WorkerLane:
         waiting = self.waiting()
         self.new_blocks = {r.request_id: self.new_blocks[r.request_id] for r in waiting
                            if r.request_id in self.new_blocks and not r.num_preemptions}
-        block_size = self.hello.block_size
-        return self.held_blocks + sum(self.new_blocks.get(r.request_id, math.ceil(r.num_tokens / block_size))
-                                      for r in waiting)
+        block_size, new_blocks = self.hello.block_size, self.new_blocks
+        return self.held_blocks + sum(new_blocks[r.request_id] if r.request_id in new_blocks
+                                      else -(-r.num_tokens // block_size) for r in waiting)
 
     def waiting(self) -> list[Request]:
         return [r for r in self.sched.live_requests() if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)]
@@ -139,7 +139,9 @@ class WorkerTable:
             hashes = request.block_hashes = BlockHashes(root_hash((model, request.cache_salt)), block_size)
         hashes.extend(request.token_ids_between(hashes.num_tokens, request.num_tokens))
         keys = [h[:KEY_BYTES] for h in hashes.hashes] if self.router.mode == "prefix" else []
-        candidates = [Candidate(lane.worker_id, lane.load_blocks()) for lane in self.lanes.values()]
+        # one lane: the choice is forced, its load (a walk over its requests) moot
+        candidates = [Candidate(lane.worker_id, lane.load_blocks() if len(self.lanes) > 1 else 0)
+                      for lane in self.lanes.values()]
         worker_id, new_blocks = self.router.choose(keys, math.ceil(request.num_tokens / block_size), candidates)
         lane = self.lanes[worker_id]
         lane.new_blocks[request.request_id] = new_blocks
