@@ -91,7 +91,7 @@ class TierLink:
     def free(self, request_id: str) -> None:
         unrun = [(rid, index) for rid, index, _parent in self._fills if rid == request_id]
         for name in unrun:
-            del self._filling[name]
+            self._filling.pop(name, None)
         if unrun:
             self._fills = [fill for fill in self._fills if fill[0] != request_id]
         admitted, keys = self._pins.pop(request_id, (0, []))
