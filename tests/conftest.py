@@ -17,6 +17,7 @@ SERIAL_GROUPS = {"tests/faults/": "faults"}
 SHARED_SESSION_FIXTURES = ("backend", "engine_f32", "hf_model")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which turns the groups into node id suffixes
 def pytest_collection_modifyitems(config, items):
     """Under `pytest -n N --dist loadgroup --no-loadscope-reorder` each module is one group (its
     module fixtures start once, on one worker), modules sharing an expensive session fixture are

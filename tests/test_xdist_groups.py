@@ -49,3 +49,12 @@ def test_the_fault_modules_are_one_serial_group_even_when_sharing():
     items = [Item("tests/faults/test_r.py::t"), Item("tests/faults/test_s.py::t", ["engine_f32"]),
              Item("tests/e2e/test_c.py::t", ["engine_f32"])]
     assert set(_groups(items).values()) == {"faults"}
+
+
+def test_the_groups_are_marked_before_xdist_reads_them():
+    """xdist's own pytest_collection_modifyitems turns xdist_group marks into node id suffixes;
+    conftest's hooks run after it unless tryfirst, and then no test has a group: each test is
+    scheduled alone, and every module fixture starts on both workers."""
+    from tests import conftest
+
+    assert conftest.pytest_collection_modifyitems.pytest_impl.get("tryfirst") is True
