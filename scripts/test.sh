@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 python3 -m ruff check shared services tests
 report="${PAGEDSERVE_TEST_REPORT:-/tmp/pagedserve-tests.xml}"  # per-test times, summed per module below
-workers="${PAGEDSERVE_TEST_WORKERS:-0}"  # pytest-xdist workers; 0: one process (faster on a loaded 2-core box)
+workers="${PAGEDSERVE_TEST_WORKERS:-0}"  # pytest-xdist workers (tests/conftest.py groups modules); 0: one process
 status=0
 python3 -m pytest -q -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=15 --junitxml="$report" "$@" || status=$?
 python3 scripts/test_times.py "$report" || true

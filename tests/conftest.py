@@ -21,14 +21,15 @@ SHARED_SESSION_FIXTURES = ("backend", "engine_f32", "hf_model")
 def pytest_collection_modifyitems(config, items):
     """Under `pytest -n N --dist loadgroup --no-loadscope-reorder` each module is one group (its
     module fixtures start once, on one worker), modules sharing an expensive session fixture are
-    one group, and the serial groups go first, then the shared ones: the longest chains."""
+    one group, and the serial groups go first, then the shared ones, then the slow: longest first."""
     groups = _groups(items)
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(name=groups[_module(item)]))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the schedule's
         serial = set(SERIAL_GROUPS.values())
-        items.sort(key=lambda item: 0 if _group(item) in serial else 1 if "+" in _group(item) else 2)
+        items.sort(key=lambda item: 0 if _group(item) in serial else 1 if "+" in _group(item)
+                   else 2 if item.get_closest_marker("slow") else 3)
 
 
 def _module(item) -> str:
