@@ -143,15 +143,14 @@ class Request:
 
     def stop_status(self, max_model_len: int) -> RequestStatus | None:
         """The finished status after the last sampled token, or None; the stopping token stays in the output."""
-        if not self.output_token_ids:
+        output, sampling = self.output_token_ids, self.sampling  # per sampled token: no properties
+        if not output:
             return None
-        last_token_id = self.output_token_ids[-1]
-        if not self.sampling.ignore_eos and last_token_id in self.eos_token_ids:
+        last_token_id = output[-1]
+        if not sampling.ignore_eos and last_token_id in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if last_token_id in self.sampling.stop_token_ids:
+        if last_token_id in sampling.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.sampling.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if self.num_tokens >= max_model_len:
+        if len(output) >= sampling.max_tokens or len(self.prompt_token_ids) + len(output) >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

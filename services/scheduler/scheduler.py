@@ -38,6 +38,8 @@ from pagedserve.shared.messages import (
 from pagedserve.shared.scheduler_config import SchedulerConfig
 from pagedserve.shared.speculative_config import SpeculativeConfig
 
+_GONE = frozenset(status for status in RequestStatus if status.is_finished) | {RequestStatus.FORKED}
+
 
 class Scheduler:
     def __init__(
@@ -291,7 +293,7 @@ class Scheduler:
         finished: list[Request] = []
         for entry in in_flight.scheduled:
             request = entry.request
-            if request.is_finished or request.status is RequestStatus.FORKED:
+            if request.status in _GONE:
                 continue  # aborted or stopped while the step ran: its token is dropped
             if not entry.samples:
                 if entry.completes and request.status is RequestStatus.RUNNING and self._forks.is_ready(request):
