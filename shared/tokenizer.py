@@ -48,9 +48,9 @@ class Tokenizer:
         self._backend = backend  # None (no fast tokenizer): every call through transformers' tokenizer
         self.meta = meta
         self._load_hf = load_hf
-        self.eos_token_ids: list[int] = list(meta.eos_token_ids)  # the tokenizer's eos first, then generation_config's
+        self.eos_token_ids: list[int] = list(meta.eos_token_ids)
         self.bos_token_id: int | None = meta.bos_token_id
-        self.vocab_size: int = meta.vocab_size  # includes added special tokens
+        self.vocab_size: int = meta.vocab_size
         if backend is not None:  # transformers turns these off per call; the api never pads or truncates
             backend.no_truncation()
             backend.no_padding()
