@@ -27,7 +27,7 @@ fi
 
 step() { printf '\n==> [%s] %s\n' "$(date +%T)" "$*"; }
 step "installing pagedserve [$EXTRAS] (torch, the default model's GGUF, dependencies)"
-if [ "$(python3 -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' 2>/dev/null)" = "$TORCH" ]; then
+if [ "$(python3 -c 'import torch; print("torch==" + torch.__version__)' 2>/dev/null)" = "$TORCH" ]; then
   echo "$TORCH is installed already"
 elif [ -n "${CPU_INDEX:-}" ]; then
   # pip's own indexes first: PyPI has no +cpu build and answers at once; a local mirror or wheel has it
