@@ -104,6 +104,14 @@ async def send_all(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]) -> None:
         await _pipeline(r, sends).execute()
 
 
+class SendFailed(redis.exceptions.RedisError):
+    """A send of read_group(sends=...) was refused; .entries: what its read returned, to handle first."""
+
+    def __init__(self, error: Exception, entries: list[Entry]) -> None:
+        super().__init__(str(error))
+        self.entries = entries
+
+
 @dataclass
 class Entry:
     stream: str
@@ -134,11 +142,15 @@ async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapp
     pending=True re-reads this consumer's unacknowledged entries. sends: send_all()'s pairs, sent
     first in the same round trip (a step's one message per hop, no round trip of its own)."""
     ids, block = {s: "0" if pending else ">" for s in streams}, None if pending else block_ms
+    failed = None
     try:
         if sends:
             pipe = _pipeline(r, sends)
             pipe.xreadgroup(group, consumer, ids, count=count, block=block, noack=noack)
-            reply = (await pipe.execute())[-1]
+            *sent, reply = await pipe.execute(raise_on_error=False)
+            failed = next((x for x in sent if isinstance(x, Exception)), None)
+            if isinstance(reply, Exception):
+                raise failed or reply
         else:
             reply = await r.xreadgroup(group, consumer, ids, count=count, block=block, noack=noack)
     except redis.exceptions.ResponseError as e:
@@ -148,8 +160,11 @@ async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapp
             await ensure_group(r, stream, group)
         return []
     by_stream = {(k.decode() if isinstance(k, bytes) else k): v for k, v in (reply or [])}
-    return [_decode(stream, entry_id, fields, expected)
-            for stream, expected in streams.items() for entry_id, fields in by_stream.get(stream) or []]
+    entries = [_decode(stream, entry_id, fields, expected)
+               for stream, expected in streams.items() for entry_id, fields in by_stream.get(stream) or []]
+    if failed is not None:  # the read went through (and acked): its entries must not be lost with the error
+        raise SendFailed(failed, entries)
+    return entries
 
 
 async def newest_per_worker(r: aioredis.Redis, stream: str, expected: type, count: int = 1000) -> list[tuple[bytes, Any]]:

@@ -74,8 +74,11 @@ class KvStoreLoop:
             while not stop.is_set():
                 try:
                     replies, self.replies = self.replies, []
-                    entries = await redis_io.read_group(self.r, GROUP, CONSUMER, streams, self._block_ms(),
-                                                        sends=replies)
+                    try:
+                        entries, failure = await redis_io.read_group(self.r, GROUP, CONSUMER, streams,
+                                                                     self._block_ms(), sends=replies), None
+                    except redis_io.SendFailed as e:  # what the read took (acked) is handled, then the failure
+                        entries, failure = e.entries, e
                     for entry in entries:
                         if entry.stream == self.keys.worker_hello:
                             if entry.error is None:
@@ -84,6 +87,8 @@ class KvStoreLoop:
                             await self._reset_prefix_cache(entry.message)
                         else:
                             await self._on_alloc(entry)
+                    if failure is not None:
+                        raise failure
                     if self.replies and self._round_trip_due():
                         await self._send_replies()
                     if time.monotonic() >= self.next_lease_check:

@@ -183,7 +183,11 @@ class SchedulerLoop:
                    self.keys.worker_results: (StepResult,)}
         if self.workers.model is not None:
             streams[self.keys.requests] = (SubmitRequest, AbortRequest, SetPolicy, PrefixCacheReset)
-        for entry in await self._send_queued(streams, max(1, int(block_s * 1000))):
+        try:
+            entries, failure = await self._send_queued(streams, max(1, int(block_s * 1000))), None
+        except redis_io.SendFailed as e:  # what the read took (acked) is handled, then the failure
+            entries, failure = e.entries, e
+        for entry in entries:
             message = entry.message
             if entry.error is not None:
                 log.error("bad message %s on %s: %s", entry.entry_id, entry.stream, entry.error)
@@ -195,6 +199,8 @@ class SchedulerLoop:
                 await self._on_hello(entry.entry_id, message)
             else:
                 self._on_reply(message)
+        if failure is not None:
+            raise failure
         if time.monotonic() >= self.next_check:
             await self._check_heartbeats()
 

@@ -37,3 +37,25 @@ def test_sends_go_out_in_order_before_the_read(group_first):
     assert sent == [1, 2]
     # sent to the stream read, before the read: read back in the same trip (no group yet: it is made, none read)
     assert read == ([(7, "w")] if group_first else [])
+
+
+async def _refused_send(prefix: str) -> list:
+    r = async_client(REDIS_URL)
+    inbox, not_a_stream = f"{prefix}:inbox", f"{prefix}:string"
+    try:
+        await redis_io.ensure_group(r, inbox, "g")
+        await r.set(not_a_stream, "x")  # XADD to it: WRONGTYPE
+        sends = [(not_a_stream, StepResult(1, [])), (inbox, AllocReply(7, worker_id="w"))]
+        with pytest.raises(redis_io.SendFailed) as failed:
+            await redis_io.read_group(r, "g", "c", {inbox: (AllocReply,)}, 50, sends=sends)
+        return [(e.message.step_id, e.message.worker_id) for e in failed.value.entries]
+    finally:
+        await r.aclose()
+
+
+def test_a_refused_send_keeps_what_the_read_took():
+    prefix = f"test-sends-{uuid.uuid4().hex[:8]}"
+    try:
+        assert asyncio.run(_refused_send(prefix)) == [(7, "w")]  # acked by the read: handed over, not lost
+    finally:
+        delete_prefix(prefix)
