@@ -1,7 +1,8 @@
-"""The C++ decode kernel built for older CPUs than this one: -march=haswell (AVX2 + FMA: the Vec8
-walk, as on Zen 3) and -march=x86-64 (no vector walk: the portable loop), each against the float32
-reference for float32, bf16 and int8 pools. -march=native builds only this CPU's path, so without
-these builds a change could break the others unseen."""
+"""The C++ decode kernel built for older CPUs than this one: -march=x86-64-v4 (AVX-512 without VNNI
+or BF16), -march=haswell (AVX2 + FMA: the Vec8 walk, as on Zen 3) and -march=x86-64 (no vector walk:
+the portable loop), each against the float32 reference for float32, bf16 and int8 pools.
+-march=native builds only this CPU's path, so without these builds a change could break the others
+unseen."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def _cpu_flags() -> set[str]:
     return set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
 
 
-ARCHES = {"haswell": {"avx2", "fma"}, "x86-64": {"sse2"}}
+# x86-64-v4: AVX-512 without VNNI or BF16 (Skylake-X): the Vec16 walk and the int8 one's vpmaddwd
+ARCHES = {"x86-64-v4": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}, "haswell": {"avx2", "fma"},
+          "x86-64": {"sse2"}}
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not cpu_extensions.enabled() or not _cpu_flags(), reason="an x86 CPU and a compiler")]
 

@@ -124,7 +124,9 @@ def test_int8_real_model_shape_mixed_batch(dtype, use_kernel):
     check_int8_against_reference(TorchPagedBackend(use_kernel), *step)
 
 
-@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 1), (32, 128, 2), (16, 128, 8), (48, 64, 4)])
+# (block_size not a multiple of 16 and head_dim 96: the AVX-512 int8 walk's tails and its AVX2 fallback)
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 1), (32, 128, 2), (16, 128, 8), (48, 64, 4),
+                                                      (24, 64, 3), (5, 128, 5), (2, 64, 7), (20, 96, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_decode_kernel_over_block_sizes_head_dims_and_groups(dtype, block_size, head_dim, group):
     requests = [(1, 1), (1, 16), (1, 17), (1, block_size), (1, 3 * block_size - 5), (1, 211)]
@@ -133,6 +135,23 @@ def test_int8_decode_kernel_over_block_sizes_head_dims_and_groups(dtype, block_s
     backend = TorchPagedBackend(use_kernel=True)
     check_int8_against_reference(backend, *step)
     assert backend._plan.kernel_decodes is not None and backend._plan.decodes == []
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([64, 128]), st.sampled_from([1, 3, 16, 17]), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_int8_decode_kernel_keeps_each_groups_scale(head_dim, block_size, group, seed):
+    # each group of 32 channels its own magnitude (K 4x apart, V 4 decades), so a value multiplied by
+    # another group's scale (the lane order of the widened K and V) shows; bf16 queries: int16 ones
+    # lose 2^-16 of a group's max|q| x the largest K, past float32's 1e-4
+    requests = [(1, 1), (1, 15), (1, 33), (1, 70)]
+    meta, cache, q, k, v = make_step(requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
+                                     head_dim=head_dim, dtype=torch.float32, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    k_mag = (2 ** (2 * torch.rand(head_dim // 32, generator=gen) - 1)).repeat_interleave(32)
+    v_mag = (10 ** (4 * torch.rand(head_dim // 32, generator=gen) - 2)).repeat_interleave(32)
+    cache = torch.stack([cache[0] * k_mag, cache[1] * v_mag])
+    step = (meta, kv_quant.quantize(cache.bfloat16()), q.bfloat16(), (k * k_mag).bfloat16(), (v * v_mag).bfloat16())
+    check_int8_against_reference(TorchPagedBackend(use_kernel=True), *step)
 
 
 @pytest.mark.skipif(not _prefill_kernel_supported(), reason="the bf16 prefill kernel needs AVX-512 BF16")

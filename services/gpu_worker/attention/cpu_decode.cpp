@@ -29,6 +29,7 @@
 #include "cpu_decode_work.h"
 #include "cpu_decode_simd.h"
 #include "cpu_decode_int8.h"
+#include "cpu_decode_int8_avx512.h"
 
 namespace {
 
@@ -211,6 +212,12 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
 #endif
 #if defined(PAGEDSERVE_DECODE_INT8)
   if constexpr (std::is_same_v<kv_t, int8_t>) {
+#if defined(PAGEDSERVE_DECODE_INT8_AVX512)
+    if (DecodeInt8Fn<scalar_t> fn = pick_int8_avx512<scalar_t>(D, G)) {
+      fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
+      return;
+    }
+#endif
     if (DecodeInt8Fn<scalar_t> fn = pick_int8<scalar_t>(D, G)) {
       fn(o, q, k_pool, v_pool, tables, lens, rows, num_reqs, q_stride, Hkv, BS, max_blocks, scale);
       return;

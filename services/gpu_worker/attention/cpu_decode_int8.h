@@ -1,10 +1,10 @@
 // cpu_decode.cpp's walk over int8 pools (kv_quant.py's rows, D = 32 * NG: groups of 32) on any CPU
-// with AVX2 + FMA, AVX-512 ones included. QK in integers: each query row is quantized once per
-// request to int16 with one scale per group of 32 (2^-16 of the group's max|q|, far below the
-// int8 K's step), K rows are sign-extended to int16, and vpmaddwd sums 16 products per
-// instruction into int32; a group's 8 tokens' sums are reduced together, converted once and
-// scaled by (query scale x K scale). PV in float32: p x the V group's scale is one weight per
-// (token, head, group), so a V vector costs a widening and one FMA per head, no multiply.
+// with AVX2 + FMA (on AVX-512 ones, cpu_decode_int8_avx512.h's walk where D allows). QK in
+// integers: each query row is quantized once per request to int16 with one scale per group of 32
+// (2^-16 of the group's max|q|, far below the int8 K's step), K rows are sign-extended to int16,
+// and vpmaddwd sums 16 products per instruction; a group's 8 tokens' sums are reduced together,
+// converted once and scaled by (query scale x K scale). PV in float32: p x the V group's scale is
+// one weight per (token, head, group), so a V vector costs a widening and one FMA per head, no multiply.
 #pragma once
 #include "cpu_decode_work.h"
 #include "cpu_decode_simd.h"
