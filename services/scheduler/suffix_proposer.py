@@ -1,12 +1,12 @@
 """Suffix decoding drafts (`"method": "suffix"`, as vLLM and Arctic Inference define it), pure Python.
 
 The pattern is a suffix of the request's tokens, up to max_depth long, matched where it occurred
-before: in the request's own prompt and output, and in earlier requests' outputs (the cache). From
-the pattern's occurrences the draft follows the most frequent next token while the share of
-occurrences agreeing with the whole draft (its estimated probability) stays at least min_prob, for
-at most max_spec_factor x the match length tokens. Every match length is tried and the draft with
-the largest expected accepted length (the sum of those probabilities) wins, so a long unique match
-drafts far and a short frequent one drafts little.
+before: in the request's own prompt and output, and in earlier requests' outputs (the cache, from a
+bigram on). From the pattern's occurrences the draft follows the most frequent next token while the
+share of occurrences agreeing with the whole draft (its estimated probability) stays at least
+min_prob, for at most max_spec_factor x the match length tokens. Every match length is tried and the
+draft with the largest expected accepted length (the sum of those probabilities) wins, so a long
+unique match drafts far and a short frequent one drafts little.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-CACHE_KEY = 4  # a match in the cache is at least this long: cached outputs are indexed by their 4-grams
-CACHE_HITS_PER_KEY = 32  # the most recent occurrences kept per 4-gram
+CACHE_KEY = 2  # a match in the cache is at least this long: cached outputs are indexed by their bigrams
+CACHE_HITS_PER_KEY = 32  # the most recent occurrences kept per key
 
 
 def _match(seq: Sequence[int], end: int, tokens: Sequence[int], max_depth: int) -> int:

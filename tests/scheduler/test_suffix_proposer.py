@@ -39,13 +39,14 @@ def test_a_long_unique_match_beats_a_short_frequent_one():
 
 def test_finished_outputs_are_drafted_from_bounded_by_the_cache():
     sp = proposer(cached=1)
-    sp.remember([5, 6, 7, 8, 9, 10])
-    assert sp.propose([1, 5, 6, 7, 8], 3) == [9, 10]
-    assert sp.propose([1, 6, 7, 8], 3) == []  # shorter than a cache key
+    sp.remember([5, 6, 7, 8, 9, 10, 11])
+    assert sp.propose([1, 5, 6, 7, 8], 3) == [9, 10, 11]
+    assert sp.propose([1, 3, 7, 8], 3) == [9, 10]  # a bigram's match drafts two
+    assert sp.propose([1, 3, 4, 8], 3) == []  # shorter than a cache key
     sp.remember([20, 21, 22, 23, 24, 25])
     assert sp.propose([1, 5, 6, 7, 8], 3) == []  # evicted
     assert sp.propose([3, 20, 21, 22, 23], 3) == [24, 25]
-    assert sp.index.keys() == {(20, 21, 22, 23), (21, 22, 23, 24)}
+    assert sp.index.keys() == {(20, 21), (21, 22), (22, 23), (23, 24)}
 
 
 def test_no_cache_remembers_nothing():
