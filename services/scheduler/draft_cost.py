@@ -8,6 +8,7 @@ PRIOR_RATE). The best gains of all requests first; the count n that maximises
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,7 +71,23 @@ def choose_lengths(costs: Sequence[tuple[int, float]], num_tokens: int, num_samp
     return lengths
 
 
-def first_draft_threshold(costs: Sequence[tuple[int, float]], num_tokens: int, num_sampled: int) -> float:
-    """The acceptance rate above which one draft pays in such a step (choose_lengths gives it 1)."""
-    gain = 1.0 + MIN_GAIN
-    return num_sampled * (gain * step_cost(costs, num_tokens + 1) / step_cost(costs, num_tokens) - 1.0)
+@functools.lru_cache(maxsize=256)
+def draft_threshold(costs: tuple[tuple[int, float], ...], num_tokens: int, num_sampled: int, most: int = 1) -> float:
+    """The rate above which choose_lengths drafts with `most` on offer (> 1: never); past a cliff in the
+    table a long draft can pay where one does not."""
+    base = (1.0 + MIN_GAIN) * num_sampled / step_cost(costs, num_tokens)
+    best = base * step_cost(costs, num_tokens + 1) - num_sampled
+    for n in range(2, most + 1):
+        need = base * step_cost(costs, num_tokens + n) - num_sampled
+        if need >= n or _geometric(min(best, 1.0), n) <= need:
+            continue
+        low, high = 0.0, min(best, 1.0)
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if _geometric(mid, n) <= need else (low, mid)
+        best = high
+    return best
+
+
+def _geometric(rate: float, n: int) -> float:
+    return sum(rate ** j for j in range(1, n + 1))

@@ -23,7 +23,7 @@ from pagedserve.services.scheduler.draft_cost import (
     PRIOR_RATE,
     Acceptance,
     choose_lengths,
-    first_draft_threshold,
+    draft_threshold,
 )
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 from pagedserve.services.scheduler.request import Request, RequestStatus
@@ -160,14 +160,15 @@ class Speculator:
                                           and bool(self._propose(request, 1)))
 
     def _pays(self, request: Request) -> bool:
-        """One draft would pay in a step like the last one planned."""
+        """Some drafts would pay in a step like the last one planned."""
         return self._rate(request) > self._threshold()
 
     def _threshold(self) -> float:
         if self.step_times is None:
             return -1.0
         num_tokens, num_sampled = self._last_step
-        return first_draft_threshold(self.step_times.table(), max(num_tokens, 1), max(num_sampled, 1))
+        return draft_threshold(self.step_times.table(), max(num_tokens, 1), max(num_sampled, 1),
+                               self.config.num_speculative_tokens)
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         if self.step_times is not None:

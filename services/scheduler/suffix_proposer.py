@@ -1,12 +1,9 @@
 """Suffix decoding drafts (`"method": "suffix"`, as vLLM and Arctic Inference define it), pure Python.
 
-The pattern is a suffix of the request's tokens, up to max_depth long, matched where it occurred
-before: in the request's own prompt and output, and in earlier requests' outputs (the cache, from a
-bigram on). From the pattern's occurrences the draft follows the most frequent next token while the
-share of occurrences agreeing with the whole draft (its estimated probability) stays at least
-min_prob, for at most max_spec_factor x the match length tokens. Every match length is tried and the
-draft with the largest expected accepted length (the sum of those probabilities) wins, so a long
-unique match drafts far and a short frequent one drafts little.
+The pattern, a suffix of the request's tokens up to max_depth long, is matched in its own prompt and
+output and in earlier requests' outputs (the cache, from a bigram on); the draft follows the most
+frequent next token while the share of occurrences agreeing with it stays >= min_prob, for at most
+max_spec_factor x the match length. Of all match lengths the largest expected accepted length wins.
 """
 
 from __future__ import annotations

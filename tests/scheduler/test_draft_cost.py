@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.services.scheduler.draft_cost import Acceptance, choose_lengths, first_draft_threshold, step_cost
+from pagedserve.services.scheduler.draft_cost import Acceptance, choose_lengths, draft_threshold, step_cost
 from pagedserve.shared.speculative_config import DEFAULT_STEP_COSTS
 
 COSTS = ((1, 1.0), (2, 1.5), (4, 2.0), (8, 4.0))  # made up: cheap rows up to 4, dear ones to 8, then linear
@@ -53,12 +53,22 @@ def test_a_prefill_heavy_step_takes_drafts_nearly_free():
 
 
 @pytest.mark.parametrize(("num_tokens", "num_sampled"), [(1, 1), (2, 2), (7, 1), (16, 16), (64, 64), (256, 2)])
-def test_the_first_draft_threshold_is_where_choose_lengths_starts_drafting(num_tokens, num_sampled):
-    threshold = first_draft_threshold(DEFAULT_STEP_COSTS, num_tokens, num_sampled)
-    for rate, length in ((threshold - 1e-9, 0), (threshold + 1e-9, 1)):
+@pytest.mark.parametrize("most", [1, 4, 7])
+def test_the_draft_threshold_is_where_choose_lengths_starts_drafting(num_tokens, num_sampled, most):
+    threshold = draft_threshold(DEFAULT_STEP_COSTS, num_tokens, num_sampled, most)
+    for rate, drafts in ((threshold - 1e-9, False), (threshold + 1e-9, True)):
         if 0 <= rate <= 1:
-            assert choose_lengths(DEFAULT_STEP_COSTS, num_tokens, num_sampled, [(rate, 1)]) == [length]
-    assert first_draft_threshold(DEFAULT_STEP_COSTS, 64, 64) > 0.9
+            assert bool(choose_lengths(DEFAULT_STEP_COSTS, num_tokens, num_sampled, [(rate, most)])[0]) is drafts
+    assert draft_threshold(DEFAULT_STEP_COSTS, 64, 64, most) > 0.9
+
+
+def test_past_a_cliff_a_long_draft_pays_where_one_does_not():
+    costs = ((1, 1.0), (2, 1.9), (4, 2.55), (8, 3.83), (9, 5.05))
+    assert draft_threshold(costs, 1, 1) == pytest.approx(0.938)
+    threshold = draft_threshold(costs, 1, 1, 7)
+    assert 0.71 < threshold < 0.72
+    assert choose_lengths(costs, 1, 1, [(threshold + 1e-9, 7)]) == [3]
+    assert choose_lengths(costs, 1, 1, [(threshold - 1e-9, 7)]) == [0]
 
 
 def test_acceptance_counts_fade_toward_the_prior():
