@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gc
 import logging
 import os
 import socket
@@ -107,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from pagedserve.services.gpu_worker.loop import WorkerLoop
     from pagedserve.services.gpu_worker.tier_writer import writer_client
+
+    # the startup's objects (model, torch, modules) live as long as the process: full collections skip them
+    gc.collect()
+    gc.freeze()
 
     phases.begin("joining the stack (heartbeat, hello to the scheduler)")
 
