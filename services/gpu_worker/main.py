@@ -17,10 +17,6 @@ from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.worker")
 TIER_WRITE_TIMEOUT_S = 30.0  # a tier write stuck past it fails (logged; readers compute those blocks)
-# OpenMP threads waiting for work sleep at once instead of spinning: the worker shares its cores with the
-# api, scheduler, kvstore and Redis, which a spinning team starves, and a barrier whose teammate is
-# descheduled spins for its whole timeslice. The environment's OMP_WAIT_POLICY wins.
-OMP_WAIT_POLICY = "PASSIVE"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,13 +63,6 @@ def check_worker_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"invalid config field 'threads'={args.threads!r}: at least 1")
 
 
-def set_openmp_environment(threads: int | None, environ=os.environ) -> None:
-    """Before torch loads: OpenMP reads these once."""
-    if threads is not None:
-        environ["OMP_NUM_THREADS"] = str(threads)
-    environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
-
-
 def _load_worker(config: EngineConfig, threads: int | None, phases: StartupPhases):
     with phases.phase("imports", "importing torch and the model code"):
         import torch
@@ -97,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("worker %s starting: model=%s dtype=%s device=%s redis=%s prefix=%s", args.worker_id, config.model,
              config.dtype, config.device, args.redis_url, args.prefix)
     # every torch op runs on one thread: OpenMP gives each calling thread its own team, and two teams contend
-    set_openmp_environment(args.threads)
+    if args.threads is not None:  # before torch loads: OpenMP reads it once
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     phases = StartupPhases()
     compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
     try:
