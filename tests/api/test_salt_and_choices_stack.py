@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 import websockets
@@ -64,6 +65,22 @@ def _hits(backend) -> int:
     return (backend.stats("kvstore") or {}).get("prefix_cache_hits", 0)
 
 
+def _settled_hits(backend) -> int:
+    """The hit count once the kvstore's stats hold no block and stop changing: they are written a
+    moment after each step, so a read right after an earlier test may miss its last admissions."""
+    seen = {}
+
+    def settled():
+        stats = backend.stats("kvstore") or {}
+        key = (stats.get("prefix_cache_queries"), stats.get("num_held_blocks"), stats.get("step_id"))
+        if key != seen.get("key"):
+            seen.update(key=key, at=time.monotonic())
+            return None
+        return (stats.get("prefix_cache_hits", 0),) if key[1] == 0 and time.monotonic() - seen["at"] >= 1.0 else None
+
+    return wait_for(settled, 60, "the kvstore's stats to settle")[0]
+
+
 def test_bad_cache_salt_is_a_400_on_every_route(stack_api):
     with stack_api.client() as c:
         for path, body in (("/v1/completions", {"prompt": "hi", "cache_salt": 5}),
@@ -80,7 +97,7 @@ def test_only_requests_with_the_same_salt_share_prefix_blocks(stack_api, oai, ba
     num_prompt = len(tokenizer.encode(SALTED))
     assert num_prompt > 4 * BLOCK_SIZE
     hit = (num_prompt - 1) // BLOCK_SIZE * BLOCK_SIZE  # every full block but the one holding the last token
-    hits_before = _hits(backend)
+    hits_before = _settled_hits(backend)
 
     def completion(**salt) -> int:
         r = oai.completions.create(model="smollm2", prompt=SALTED, max_tokens=2, temperature=0, extra_body=salt)
