@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import gc
 import io
 import logging
 import os
@@ -302,6 +303,18 @@ def setup_logging(level: str) -> None:
 
 
 STOP_GRACE_S = 8.0  # after SIGTERM, how long main() gets to return before the service exits anyway
+
+
+GC_YOUNG_THRESHOLD = 20_000  # tracked allocations between young collections (Python's default: 700)
+
+
+def settle_gc() -> None:
+    """For a control-plane process once started: what exists now (modules, tokenizer, app) lives as
+    long as the process, so full collections skip it; and a step's short-lived messages (a few per
+    request per step) die before a young collection, not promoted and scanned again in older ones."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

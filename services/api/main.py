@@ -17,6 +17,7 @@ import sys
 
 from pagedserve.services.api.app import ApiConfig, create_app
 from pagedserve.services.api.inputs import ModelInfo
+from pagedserve.shared import redis_io
 from pagedserve.shared.generation_defaults import generation_defaults
 from pagedserve.shared.model_source import SMOLLM2_NAMES, resolve_model, smollm2_gguf_path
 from pagedserve.shared.redis_connect import check_redis_url
@@ -160,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(config, tokenizer, info)
     log.info("api listening on http://%s:%d (model %s, auth %s)", args.host, args.port, info.served_name,
              "on" if config.api_key else "off")
+    redis_io.settle_gc()
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=args.access_log, ws_max_size=2 * config.max_body_bytes,
                                            timeout_graceful_shutdown=5))

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         log.critical("bad config: %s", e)
         return 2
     log.info("kvstore starting: redis=%s prefix=%s", args.redis_url, args.prefix)
+    redis_io.settle_gc()
 
     return redis_io.run_loop(args.redis_url, "kvstore", lambda r: KvStoreLoop(
         r, Keys(args.prefix), enable_prefix_caching=args.enable_prefix_caching, watermark=args.watermark,

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
                          speculative_config=speculative)
 
     router = Router(config.router, config.prefill_weight, config.decode_weight)
+    redis_io.settle_gc()
     return redis_io.run_loop(args.redis_url, "scheduler", lambda r: SchedulerLoop(
         r, Keys(args.prefix), make_scheduler, config.step_timeout, router))
 
