@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SERIAL_GROUPS = {"tests/faults/": "faults"}
 # Session fixtures that start processes or load the model: the modules using one share a group,
 # so under pytest-xdist each starts once, on one worker, not once per worker.
-SHARED_SESSION_FIXTURES = ("backend", "engine_f32", "hf_model")
+SHARED_SESSION_FIXTURES = ("backend", "engine_f32", "hf_model", "two_workers")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which turns the groups into node id suffixes

@@ -1,6 +1,7 @@
 """`pagedserve up --workers 2` end to end: real processes, the real Redis, the real model.
 
-In file order, on one stack (a module fixture: loading two workers takes a while):
+In file order, on one stack (`two_workers`, shared with test_structured_migration: loading two
+workers takes a while):
 (a) sequential requests sharing long prefixes, interleaved, find their prefix cached every
 time after the first (prefix routing sends each back to the worker that holds it);
 (b) 32 concurrent distinct requests are spread: each worker produces >= 25% of the tokens
@@ -68,16 +69,37 @@ class Stack:
         return msgpack.unpackb(data, raw=False) if data is not None else {}
 
     def per_worker(self, name: str) -> dict[str, float]:
-        """The worker-labelled samples of a Prometheus family, by worker id."""
+        """The samples of a Prometheus family by live worker id (not "departed": the killed workers' counts)."""
         families = text_string_to_metric_families(self.client.get("/metrics").text)
         family = next(f for f in families if f.name == name)
-        return {s.labels["worker"]: s.value for s in family.samples if "worker" in s.labels}
+        return {s.labels["worker"]: s.value for s in family.samples if s.labels.get("worker", "departed") != "departed"}
 
     def complete(self, prompt: str, max_tokens: int, **extra) -> dict:
         r = self.client.post("/v1/completions", json={"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens,
                                                       "temperature": 0, **extra})
         assert r.status_code == 200, r.text
         return r.json()
+
+    def wait_joined(self) -> None:
+        def joined():
+            scheduler, kvstore = self.stats("scheduler").get("workers", {}), self.stats("kvstore").get("worker_ids", [])
+            return len(scheduler) == 2 and set(scheduler) == set(kvstore)
+
+        wait_for(joined, START_TIMEOUT_S, "both workers in the scheduler's and the kvstore's stats")
+
+    def kills(self, worker: str) -> int:
+        """How many times up has seen the worker killed and restarted it."""
+        return self.text().count(f"{worker} exited with -9: restarting it in")
+
+    def wait_swapped(self, dead_id: str) -> dict:
+        """The kvstore's stats once the dead worker is dropped, its restart (a new id) in and no block held."""
+        def clean():
+            kv = self.stats("kvstore")
+            ids = kv.get("worker_ids", [])
+            return kv if kv.get("num_held_blocks") == 0 and kv.get("integrity_ok") and len(ids) == 2 \
+                and dead_id not in ids else None
+
+        return wait_for(clean, 120, f"the kvstore to swap the dead worker for its restart ({self.stats('kvstore')})")
 
     def close(self) -> None:
         self.client.close()
@@ -87,19 +109,13 @@ class Stack:
         delete_prefix(self.prefix)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("two-workers"))
-    yield s
-    s.close()
+@pytest.fixture
+def stack(two_workers):
+    return two_workers
 
 
 def test_both_workers_join(stack):
-    def joined():
-        scheduler, kvstore = stack.stats("scheduler").get("workers", {}), stack.stats("kvstore").get("worker_ids", [])
-        return len(scheduler) == 2 and set(scheduler) == set(kvstore)
-
-    wait_for(joined, 60, "both workers in the scheduler's and the kvstore's stats")
+    stack.wait_joined()
     assert len(stack.worker_pids()) == 2
 
 
@@ -156,20 +172,13 @@ def test_kill_9_of_a_worker_moves_its_requests_with_identical_greedy_text(stack)
         workers = wait_for(both_busy, 120, "both workers to be generating")
         running = {w: s["num_requests_running"] for w, s in workers.items()}
         victim = sorted(pids)[0]
+        kills = stack.kills(victim)
         os.kill(pids[victim], signal.SIGKILL)
         texts = future.result(timeout=300)
     assert texts == reference
-    assert f"{victim} exited with -9: restarting it in" in stack.text()
+    assert stack.kills(victim) == kills + 1
     assert stack.proc.poll() is None  # the stack serves on, and up restarts the dead worker
     assert all(n > 0 for n in running.values())
-    dead_id = next(w for w in workers if w.endswith(f"-{pids[victim]}"))
-
-    def clean():  # the dead worker dropped, its replacement (a new id) in, no block held
-        kv = stack.stats("kvstore")
-        ids = kv.get("worker_ids", [])
-        return kv if kv.get("num_held_blocks") == 0 and kv.get("integrity_ok") and len(ids) == 2 \
-            and dead_id not in ids else None
-
-    kv = wait_for(clean, 120, f"the kvstore to swap the dead worker for its restart ({stack.stats('kvstore')})")
+    kv = stack.wait_swapped(next(w for w in workers if w.endswith(f"-{pids[victim]}")))
     assert kv["num_blocks"] == 1024  # the survivor's pool and the restarted worker's
     assert sorted(stack.stats("scheduler")["workers"]) == sorted(kv["worker_ids"])
