@@ -38,14 +38,6 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_model(gguf_path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=SMOLLM2_GGUF_FILE, dtype=torch.float32
-    )
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
 def hf_tokenizer(gguf_path):
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=SMOLLM2_GGUF_FILE)
 
