@@ -22,12 +22,13 @@ import redis
 
 from pagedserve.shared.streams import Keys
 from tests.faults import netns
-from tests.faults.test_restarts import run_clients
+from tests.faults.test_restarts import run_clients, submit
 from tests.waiting import stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 WHY_NOT = netns.available()
 REQUESTS = 8
+ANCHOR = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}
 HOSTS = ("redis", "kvstore", "scheduler", "worker1", "worker2", "api")
 
 
@@ -103,18 +104,25 @@ def test_services_on_separate_hosts_serve_and_survive_a_worker_link_down(tmp_pat
         api = types.SimpleNamespace(base_url=stack.base_url)
         baseline = run_clients(api, count=REQUESTS)
         assert all(finish in ("length", "stop") and text for text, finish in baseline), baseline
-        at_cut: dict[str, int] = {}
+        at_cut: dict[str, float] = {}
+
+        anchors: list[str] = []  # run until deleted: worker 1 is mid-generation at the cut however fast it is
 
         def cut_worker1():
-            def busy():
-                workers = stack.stats("scheduler").get("workers", {})
-                return workers.get("worker1", {}).get("num_requests_running", 0)
+            def busy():  # another anchor each second until one runs on worker 1 (placement goes by load)
+                running = stack.stats("scheduler").get("workers", {}).get("worker1", {}).get("num_requests_running", 0)
+                if not running and time.monotonic() >= at_cut.get("next", 0):
+                    anchors.append(submit(stack.base_url, {**ANCHOR, "prompt": f"Anchor {len(anchors)}: count on"}))
+                    at_cut["next"] = time.monotonic() + 1
+                return running
 
             at_cut["running"] = wait_for(busy, 120, "worker 1 to run requests", interval=0.02)
             stack.hosts.link("worker1", up=False)
             at_cut["t"] = time.monotonic()
 
         results = run_clients(api, count=REQUESTS, during=cut_worker1)
+        for request_id in anchors:
+            assert httpx.delete(f"{stack.base_url}/v1/requests/{request_id}", timeout=30).status_code == 200
         print(f"\nworker 1 cut off running {at_cut['running']} of {REQUESTS} requests: "
               f"{sum(r != b for r, b in zip(results, baseline, strict=True))} lost, "
               f"all done {time.monotonic() - at_cut['t']:.1f} s after the cut")
