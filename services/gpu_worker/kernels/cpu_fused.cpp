@@ -49,8 +49,9 @@ template <> inline bf16 store<bf16>(float f) { return narrow(f); }
 template <> inline float store<float>(float f) { return f; }
 template <typename T> inline float as_stored(float f) { return std::is_same_v<T, bf16> ? round_bf16(f) : f; }
 
-// rows per task: small batches (a decode step's few rows) run on the calling thread
-inline int64_t grain_for(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elems)); }
+// rows per task: up to 64K elements (a decode step's norms and rotary) run on the calling thread,
+// where a parallel region saves a few us and costs a stall whenever another process holds a core
+inline int64_t grain_for(int64_t row_elems) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_elems)); }
 
 // the dtype of the first tensor checked in a call: bf16 or float32; every other must match
 bool check_dtype(const torch::Tensor& t, const char* name, const torch::Tensor& first) {
