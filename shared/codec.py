@@ -1,7 +1,7 @@
-"""msgpack codec for the dataclasses in pagedserve.shared.messages, on msgspec.
+"""msgpack codec for the messages in pagedserve.shared.messages (dataclasses and msgspec Structs), on msgspec.
 
 Wire form: a msgpack map {"v": VERSION, "t": type name, "d": the message's fields as a
-map}. msgspec encodes the dataclasses natively and decodes straight into them, checking
+map}. msgspec encodes both natively (the same map) and decodes straight into them, checking
 every field against its type hint (ints where floats are declared are accepted, an
 integral float where an int is); a field missing from the map takes its default, a field
 the reader does not know is skipped (a newer writer may add fields). Bad data raises
@@ -51,7 +51,7 @@ def _decoder(cls: type) -> msgspec.msgpack.Decoder:
 @functools.cache
 def _message_type(name: str) -> type | None:
     cls = getattr(messages, name, None)
-    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+    return cls if isinstance(cls, type) and (dataclasses.is_dataclass(cls) or issubclass(cls, msgspec.Struct)) else None
 
 
 def pack(message: Any) -> bytes:
