@@ -309,7 +309,7 @@ GC_YOUNG_THRESHOLD = 20_000  # tracked allocations between young collections (Py
 
 
 def settle_gc() -> None:
-    """For a control-plane process once started: what exists now (modules, tokenizer, app) lives as
+    """For a service once started: what exists now (modules, tokenizer, app, model) lives as
     long as the process, so full collections skip it; and a step's short-lived messages (a few per
     request per step) die before a young collection, not promoted and scanned again in older ones."""
     gc.collect()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import gc
 import logging
 import os
 import socket
@@ -99,9 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedserve.services.gpu_worker.loop import WorkerLoop
     from pagedserve.services.gpu_worker.tier_writer import writer_client
 
-    # the startup's objects (model, torch, modules) live as long as the process: full collections skip them
-    gc.collect()
-    gc.freeze()
+    redis_io.settle_gc()  # the model, torch and modules: full collections skip them
 
     phases.begin("joining the stack (heartbeat, hello to the scheduler)")
 
