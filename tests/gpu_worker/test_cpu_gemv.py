@@ -76,6 +76,7 @@ def test_linear_refuses_bad_shapes():
 
 
 def test_packed_linear_takes_few_rows_to_gemv_and_many_to_onednn(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")  # the AVX-512 rows (test_cpu_gemv_amx.py: AMX's)
     weight = _rand(96, 64, seed=3)
     linear = PackedLinear(weight)
     assert linear.max_gemv_rows == gemv.max_rows() == 8
@@ -164,6 +165,7 @@ def test_linear_q8_refuses_bad_inputs():
 
 
 def test_packed_linear_takes_q8_blocks_for_two_rows_and_its_copy_for_more(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")
     blocks = q8_0_blocks(96, 64, seed=7)
     exact = gguf_blocks.dequantize(*blocks)
     linear = PackedLinear(exact.to(BF16), blocks=blocks)

@@ -25,7 +25,7 @@ SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_p
 # torch rebuilds on a source or compile-line change only, so these headers' hash goes on the compile line
 HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h",
                       ATTENTION / "cpu_decode_int8.h", ATTENTION / "cpu_decode_int8_avx512.h"],
-           "gemv": [HERE / "cpu_tiling.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
+           "gemv": [HERE / "cpu_tiling.h", HERE / "cpu_gemv_amx.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
 
 
 @functools.cache

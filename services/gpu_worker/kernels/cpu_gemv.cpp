@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu_tiling.h"
+#include "cpu_gemv_amx.h"
 
 #include <cstdint>
 #include <cstring>
@@ -26,7 +27,7 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 8;  // rows per call; more go to oneDNN
+constexpr int64_t kMaxRows = 8;  // rows per call of the AVX-512 loops (linear_amx*: 16); more go to oneDNN
 constexpr int64_t kTile = 4;     // 16-output blocks per task step: independent dependency chains
 
 #if defined(__AVX512BF16__)
@@ -206,6 +207,14 @@ bool supported() {
 
 int64_t max_rows() { return kMaxRows; }
 
+// most rows of linear_amx and linear_q4_amx: 0 where the build or the OS has no AMX
+int64_t max_amx_rows() {
+#if defined(PAGEDSERVE_GEMV_AMX)
+  if (amx_permitted()) return kAmxMaxRows;
+#endif
+  return 0;
+}
+
 // weight [N, K] bf16 (N % 16 == 0, K % 2 == 0) -> [N/16, K/2, 16, 2] bf16
 torch::Tensor pack(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "pack: a 2-D bf16 weight");
@@ -235,37 +244,76 @@ void linear(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
 #endif
 }
 
-// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by gguf_blocks.pack_q4_1(); M <= max_rows()
-void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
-  TORCH_CHECK(supported(), "linear_q4: this build has no AVX-512 BF16");
-  TORCH_CHECK(nib.scalar_type() == torch::kUInt8 && nib.is_contiguous() && nib.dim() == 3 &&
-                  dm.scalar_type() == torch::kInt16 && dm.is_contiguous(),
-              "linear_q4: nibbles and dm from gguf_blocks.pack_q4_1()");
-  const int64_t M = x.size(0), K2 = nib.size(1), num_blocks = nib.size(0);
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 &&
-                  x.stride(0) % 2 == 0,
-              "linear_q4: x [M, K] bf16, contiguous rows");
-  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == M &&
-                  out.size(1) == num_blocks * 16 && out.stride(1) == 1,
-              "linear_q4: out [M, N] bf16, contiguous rows");
-  TORCH_CHECK(M >= 1 && M <= kMaxRows, "linear_q4: 1 to ", kMaxRows, " rows");
-#if defined(__AVX512BF16__)
-  const int64_t num_groups = K2 / 16;
+// linear() by AMX tiles: M <= max_amx_rows(), K a multiple of 32
+void linear_amx(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
+  const int64_t M = x.size(0), K2 = packed.size(1);
+  TORCH_CHECK(M >= 1 && M <= max_amx_rows() && K2 % 16 == 0, "linear_amx: 1 to ", max_amx_rows(),
+              " rows, K a multiple of 32");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16 &&
+                  packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
+                  x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == packed.size(0) * 16 && out.stride(1) == 1,
+              "linear_amx: bf16 x [M, K] and out [M, N], contiguous rows; W packed by pack()");
+#if defined(PAGEDSERVE_GEMV_AMX)
+  amx_rows(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), M,
+           packed.data_ptr<c10::BFloat16>(), K2, packed.size(0));
+#endif
+}
+
+// [M, K/32] float32: each row's sum over each 32-k group (Q4_1's m term)
+std::vector<float> group_sums(const torch::Tensor& x, int64_t num_groups) {
   const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
-  float xs[kMaxRows * 512];  // [M, K/32]: each row's sum over each 32-k group
-  TORCH_CHECK(num_groups <= 512, "linear_q4: K up to 16384");
-  for (int64_t m = 0; m < M; ++m)
+  std::vector<float> xs(x.size(0) * num_groups);
+  for (int64_t m = 0; m < x.size(0); ++m)
     for (int64_t g = 0; g < num_groups; ++g) {
       float sum = 0.f;
       for (int64_t k = 32 * g; k < 32 * g + 32; ++k) sum += static_cast<float>(xb[m * x.stride(0) + k]);
       xs[m * num_groups + g] = sum;
     }
+  return xs;
+}
+
+void check_q4(const char* name, torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm,
+              int64_t K2, int64_t num_blocks, int64_t max_m) {
+  TORCH_CHECK(supported(), name, ": this build has no AVX-512 BF16");
+  TORCH_CHECK(nib.scalar_type() == torch::kUInt8 && nib.is_contiguous() && dm.scalar_type() == torch::kInt16 &&
+                  dm.is_contiguous() && dm.numel() == num_blocks * K2 * 2,
+              name, ": nibbles and dm from gguf_blocks.pack_q4_1()");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 &&
+                  x.stride(0) % 2 == 0 && K2 % 16 == 0,
+              name, ": x [M, K] bf16, contiguous rows, K a multiple of 32");
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == x.size(0) &&
+                  out.size(1) == num_blocks * 16 && out.stride(1) == 1,
+              name, ": out [M, N] bf16, contiguous rows");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= max_m, name, ": 1 to ", max_m, " rows");
+}
+
+// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by gguf_blocks.pack_q4_1(); M <= max_rows()
+void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
+  const int64_t M = x.size(0), K2 = nib.size(1), num_blocks = nib.size(0);
+  TORCH_CHECK(nib.dim() == 3, "linear_q4: nibbles [N/16, K/2, 16]");
+  check_q4("linear_q4", out, x, nib, dm, K2, num_blocks, kMaxRows);
+#if defined(__AVX512BF16__)
+  const std::vector<float> xs = group_sums(x, K2 / 16);
   auto* o = out.data_ptr<c10::BFloat16>();
-  const auto* xp = reinterpret_cast<const uint32_t*>(xb);
+  const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<c10::BFloat16>());
   const uint8_t* np = nib.data_ptr<uint8_t>();
   const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
   const int64_t os = out.stride(0), xst = x.stride(0) / 2;
-  by_rows(M, [&](auto r) { rows_q4<decltype(r)::value>(o, os, xp, xst, xs, np, dp, K2, num_blocks); });
+  by_rows(M, [&](auto r) { rows_q4<decltype(r)::value>(o, os, xp, xst, xs.data(), np, dp, K2, num_blocks); });
+#endif
+}
+
+// linear_q4() by AMX tiles, the nibbles as row pairs [N/16, K/4, 32] (linear.amx_nibbles); M <= max_amx_rows()
+void linear_q4_amx(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
+  const int64_t K2 = nib.size(1) * 2, num_blocks = nib.size(0);
+  TORCH_CHECK(nib.dim() == 3 && nib.size(2) == 32, "linear_q4_amx: nibbles [N/16, K/4, 32]");
+  check_q4("linear_q4_amx", out, x, nib, dm, K2, num_blocks, max_amx_rows());
+#if defined(PAGEDSERVE_GEMV_AMX)
+  const std::vector<float> xs = group_sums(x, K2 / 16);
+  amx_rows_q4(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), xs.data(),
+              x.size(0), nib.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>()), K2,
+              num_blocks);
 #endif
 }
 
@@ -300,11 +348,15 @@ void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tenso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "compiled with AVX-512 BF16");
-  m.def("max_rows", &max_rows, "most rows linear() takes");
+  m.def("max_rows", &max_rows, "most rows linear(), linear_q4() and linear_q8() take");
+  m.def("max_amx_rows", &max_amx_rows, "most rows linear_amx() and linear_q4_amx() take (0: no AMX)");
   m.def("pack", &pack, "bf16 weight [N, K] -> pairs layout [N/16, K/2, 16, 2]");
   m.def("linear", &linear, "out [M, N] = x [M, K] @ W^T for a few bf16 rows",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_q4", &linear_q4, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q4_1",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_amx", &linear_amx, "linear() by AMX tiles", py::call_guard<py::gil_scoped_release>());
+  m.def("linear_q4_amx", &linear_q4_amx, "linear_q4() by AMX tiles, nibbles as row pairs",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_q8", &linear_q8, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q8_0",
         py::call_guard<py::gil_scoped_release>());

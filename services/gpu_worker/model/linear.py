@@ -1,8 +1,9 @@
 """y = x @ W^T: weights packed once for oneDNN (bf16: F.linear reorders on every call; float32:
 oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps of few rows go to
 cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too,
-so logits depend slightly on the row count. PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0
-turn these off.
+so logits depend slightly on the row count. bf16 on a CPU with AMX takes its tiles from
+AMX_MIN_ROWS to 16 rows (a verify step: one tile product serves every row). PAGEDSERVE_PACK_WEIGHTS=0
+/ PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ PACK_BATCH_HINT = 64
 BF16_Q8_MAX_ROWS = 2
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
 F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for all rows (linear_many)
+AMX_MIN_ROWS = 2  # bf16 rows from this (and past the Q8_0 rows) take AMX tiles: one row stays on AVX-512
 
 
 def _env_on(name: str) -> bool:
@@ -58,6 +60,15 @@ def small_m_kernel(weight: torch.Tensor):
     return module if module is not None and module.supported() else None
 
 
+def amx_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
+    """Q4_1 nibbles [N/16, K/2, 16] (gguf_blocks.pack_q4_1) -> row pairs [N/16, K/4, 32] for
+    linear_q4_amx: byte j of pair s holds bf16 j of B row 2s (its pairs layout: output j // 2, k
+    4s + j % 2) in its low nibble and of row 2s + 1 (k + 2) in its high one."""
+    num_blocks, k2, _ = nibbles.shape
+    rows = torch.stack([nibbles & 15, nibbles >> 4], dim=-1).view(num_blocks, k2 // 2, 2, 32)
+    return (rows[:, :, 0] | (rows[:, :, 1] << 4)).contiguous()
+
+
 def _blocks_are_weight(blocks: tuple[torch.Tensor, ...], weight: torch.Tensor) -> bool:
     """The blocks dequantize to the parameter (in its dtype) and suit the kernels' tiling."""
     q = blocks[0]
@@ -75,17 +86,23 @@ class PackedLinear:
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
         self.gemv = small_m_kernel(weight) if pack else None
-        self.gemv_packed = self.gemv_q4 = self.gemv_q8 = None
+        self.gemv_packed = self.gemv_q4 = self.gemv_q8 = self.gemv_q4_amx = None
         bf16 = self.packed is not None and weight.dtype == torch.bfloat16
         if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
             blocks = None
         self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
+        self.amx = (bf16 and self.gemv is not None and weight.shape[1] % 32 == 0 and _env_on("PAGEDSERVE_AMX_GEMV")
+                    and self.gemv.max_amx_rows() > 0)
+        if self.amx:
+            self.max_gemv_rows = self.gemv.max_amx_rows()
         self.max_q8_rows = self.max_many_rows = 0
         if blocks is not None and weight.dtype == torch.float32:
             self.max_gemv_rows = min(F32_FEW_ROWS, self.max_gemv_rows)
             self.max_many_rows = min(F32_MANY_ROWS, self.gemv.max_many_rows())
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
+            if self.amx:
+                self.gemv_q4_amx = amx_nibbles(self.gemv_q4[0]), self.gemv_q4[1]
             return
         if blocks is not None:
             self.gemv_q8 = gguf_blocks.pack_q8_0(*blocks)
@@ -97,14 +114,17 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
-        if x.shape[0] <= self.max_gemv_rows:
-            out = x.new_empty(x.shape[0], self.weight.shape[0])
+        rows = x.shape[0]
+        if rows <= self.max_gemv_rows:
+            out = x.new_empty(rows, self.weight.shape[0])
+            amx = self.amx and rows >= AMX_MIN_ROWS
             if self.gemv_q4 is not None:
-                self.gemv.linear_q4(out, x.contiguous(), *self.gemv_q4)
-            elif x.shape[0] <= self.max_q8_rows:
+                (self.gemv.linear_q4_amx if amx else self.gemv.linear_q4)(out, x.contiguous(),
+                                                                          *(self.gemv_q4_amx if amx else self.gemv_q4))
+            elif rows <= self.max_q8_rows:
                 self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
-                self.gemv.linear(out, x.contiguous(), self.gemv_packed)
+                (self.gemv.linear_amx if amx else self.gemv.linear)(out, x.contiguous(), self.gemv_packed)
             return out
         if x.shape[0] <= self.max_many_rows:
             out = x.new_empty(x.shape[0], self.weight.shape[0])
