@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.linear import F32_FEW_ROWS, F32_MANY_ROWS, PackedLinear, packing_enabled
+from pagedserve.services.gpu_worker.model.linear import F32_MANY_ROWS, PackedLinear, f32_few_rows, packing_enabled
 from pagedserve.services.gpu_worker.model.llama import build_model
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
@@ -68,17 +68,18 @@ def test_float32_packed_linear_routes_rows_by_count(monkeypatch):
     weight = gguf_blocks.dequantize(*blocks)
     linear = PackedLinear(weight, blocks=blocks)
     assert (linear.packed is not None) == packing_enabled(weight)
-    assert linear.gemv_q4 is not None and linear.max_gemv_rows == F32_FEW_ROWS == 4
+    few = f32_few_rows()
+    assert linear.gemv_q4 is not None and linear.max_gemv_rows == few and few in (4, 8)
     assert linear.max_many_rows == F32_MANY_ROWS
     calls = []
     spy = type("Spy", (), {
         "linear_q4": lambda self, *a: calls.append(("q4", a[1].shape[0])) or gemv.linear_q4(*a),
         "linear_many": lambda self, *a: calls.append(("many", a[1].shape[0])) or gemv.linear_many(*a)})()
     monkeypatch.setattr(linear, "gemv", spy)
-    for num_rows in (1, 4, 5, 64, F32_MANY_ROWS, F32_MANY_ROWS + 1):
+    for num_rows in (1, few, few + 1, 64, F32_MANY_ROWS, F32_MANY_ROWS + 1):
         x = torch.randn(num_rows, 64)
         _assert_close_to_float64(linear(x), x, blocks)
-    assert calls == [("q4", 1), ("q4", 4), ("many", 5), ("many", 64), ("many", F32_MANY_ROWS)]
+    assert calls == [("q4", 1), ("q4", few), ("many", few + 1), ("many", 64), ("many", F32_MANY_ROWS)]
     # no blocks, or blocks of another weight: no few-row kernel
     assert PackedLinear(weight).gemv is None and PackedLinear(weight * 2, blocks=blocks).gemv is None
     monkeypatch.setenv("PAGEDSERVE_SMALL_M_GEMV", "0")

@@ -22,6 +22,7 @@ PACK_BATCH_HINT = 64
 BF16_Q8_MAX_ROWS = 2
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
 F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for all rows (linear_many)
+F32_FEW_ROWS_AMX = 8  # Q4_1's F32_FEW_ROWS on an AMX Xeon: reading blocks per row stays ahead to 8 rows
 AMX_MIN_ROWS = 2  # bf16 rows from this (and past the Q8_0 rows) take AMX tiles: one row stays on AVX-512
 
 
@@ -58,6 +59,13 @@ def small_m_kernel(weight: torch.Tensor):
         return None
     module = cpu_extensions.load("gemv" if bf16 else "gemv_f32")
     return module if module is not None and module.supported() else None
+
+
+@functools.cache
+def f32_few_rows() -> int:
+    """Q4_1's F32_FEW_ROWS: F32_FEW_ROWS_AMX on a CPU (and OS) with AMX."""
+    module = cpu_extensions.load("gemv")
+    return F32_FEW_ROWS_AMX if module is not None and module.supported() and module.max_amx_rows() else F32_FEW_ROWS
 
 
 def amx_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
@@ -97,7 +105,7 @@ class PackedLinear:
             self.max_gemv_rows = self.gemv.max_amx_rows()
         self.max_q8_rows = self.max_many_rows = 0
         if blocks is not None and weight.dtype == torch.float32:
-            self.max_gemv_rows = min(F32_FEW_ROWS, self.max_gemv_rows)
+            self.max_gemv_rows = min(f32_few_rows() if len(blocks) == 3 else F32_FEW_ROWS, self.max_gemv_rows)
             self.max_many_rows = min(F32_MANY_ROWS, self.gemv.max_many_rows())
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
