@@ -89,7 +89,7 @@ inline void amx_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16
   });
 }
 
-// Q4_1 weights as row pairs (amx_nibbles below): nib [N/16, K/4, 32], byte j of pair s holding B row
+// Q4_1 weights as row pairs (linear.py's amx_nibbles): nib [N/16, K/4, 32], byte j of pair s holding B row
 // 2s's bf16 j in its low nibble and row 2s+1's in its high one, so a row widens by one vpmovzxbw (or
 // shift) and one table lookup; dm [N/16, K/32, 2, 16] fp16 (cpu_gemv.cpp's). Per 32-k group and block
 // the nibbles widen to a bf16 B tile in L1, C = x_g q_g, then acc += d C + m sum(x_g).
