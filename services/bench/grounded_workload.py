@@ -60,9 +60,10 @@ def grounded_chats() -> list[list[dict]]:
 
 
 def grounded_edits(model: str = "smollm2") -> list[dict]:
-    """The chats as token ids, NUM_OUTPUT_TOKENS each (run greedily with ignore_eos, as every named one)."""
+    """The chats as token ids, up to NUM_OUTPUT_TOKENS each, ending at the model's stop token: after it
+    a small model invents a new chat, text nothing in the request grounds (the named random ones ignore EOS)."""
     from pagedserve.shared.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model)
-    return [{"prompt_token_ids": tokenizer.apply_chat_template(chat), "max_tokens": NUM_OUTPUT_TOKENS}
+    return [{"prompt_token_ids": tokenizer.apply_chat_template(chat), "max_tokens": NUM_OUTPUT_TOKENS, "ignore_eos": False}
             for chat in grounded_chats()]

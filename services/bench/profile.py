@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                                  enable_prefix_caching=args.enable_prefix_caching))
     _trace_kernels(engine)
     for r in load_workload(args.workload):
-        engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+        engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=r.ignore_eos))
     for _ in range(args.skip_steps):
         engine.step()
     num_running = engine.scheduler.num_running

@@ -86,7 +86,7 @@ def _has_text(data: bytes | str) -> bool | None:
 
 def _body(model: str, req: BenchRequest) -> dict:
     return {"model": model, "prompt": req.prompt_token_ids, "max_tokens": req.max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": req.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
 
 
 async def _one_lean(url: str, model: str, req: BenchRequest, headers: dict) -> RequestRecord:

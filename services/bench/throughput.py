@@ -64,7 +64,7 @@ def run_engine(requests, args, enable_prefix_caching: bool | None = None, specul
     ttft, itl = [], []
     for r in requests:
         request_id = engine.add_request(r.prompt_token_ids,
-                                        SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+                                        SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=r.ignore_eos))
         last_token_at[request_id] = started
     num_output = 0
     with tqdm(total=sum(r.max_tokens for r in requests), unit="tok", desc="pagedserve", leave=False) as bar:

@@ -1,5 +1,6 @@
 """Benchmark workloads: the named ones shipped in the package (named_workloads.py, the ones
-every figure is quoted on) or a JSON file of [{"prompt_token_ids": [...], "max_tokens": N}, ...]."""
+every figure is quoted on) or a JSON file of [{"prompt_token_ids": [...], "max_tokens": N}, ...],
+each optionally with "ignore_eos": false (a request that ends at the model's stop token)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pagedserve.services.bench.named_workloads import WORKLOADS
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
+    ignore_eos: bool = True  # every token counted is one the request asked for, EOS or not
 
 
 def load_workload(name_or_file: str) -> list[BenchRequest]:
@@ -25,6 +27,7 @@ def load_workload(name_or_file: str) -> list[BenchRequest]:
             raise ValueError(f"unknown workload {name_or_file!r}; known: {', '.join(WORKLOADS)} or a JSON file")
         items = WORKLOADS[name_or_file]()
     try:
-        return [BenchRequest(list(map(int, it["prompt_token_ids"])), int(it["max_tokens"])) for it in items]
+        return [BenchRequest(list(map(int, it["prompt_token_ids"])), int(it["max_tokens"]), bool(it.get("ignore_eos", True)))
+                for it in items]
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"workload {name_or_file!r}: each item needs prompt_token_ids and max_tokens ({e})") from e
