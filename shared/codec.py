@@ -1,11 +1,10 @@
 """msgpack codec for the messages in pagedserve.shared.messages (dataclasses and msgspec Structs), on msgspec.
 
-Wire form: a msgpack map {"v": VERSION, "t": type name, "d": the message's fields as a
-map}. msgspec encodes both natively (the same map) and decodes straight into them, checking
-every field against its type hint (ints where floats are declared are accepted, an
-integral float where an int is); a field missing from the map takes its default, a field
-the reader does not know is skipped (a newer writer may add fields). Bad data raises
-CodecError (the reader ends that request, never its loop).
+Wire form: a msgpack map {"v": VERSION, "t": type name, "d": the message's fields as a map}. msgspec
+encodes both natively (the same map) and decodes straight into them, checking every field against its
+type hint (ints where floats are declared are accepted, an integral float where an int is); a field
+missing from the map takes its default, an unknown one is skipped (a newer writer may add fields).
+Bad data raises CodecError (the reader ends that request, never its loop).
 """
 
 from __future__ import annotations

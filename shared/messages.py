@@ -1,8 +1,7 @@
 """Typed messages between the services, one per step per hop, packed by `pagedserve.shared.codec` with `VERSION`.
 
 Diffs, not state: a request's tokens reach the worker once (NewRequestData), then only counts and new block ids.
-The per-step messages and their rows are msgspec Structs (the same wire map as a dataclass; built, packed and
-unpacked several times faster, and gc=False: trees, never cycles, so the collector does not track them).
+Per-step messages are msgspec Structs: a dataclass's wire map, faster, gc=False (trees: never cycles).
 """
 
 from __future__ import annotations

@@ -309,9 +309,8 @@ GC_YOUNG_THRESHOLD = 20_000  # tracked allocations between young collections (Py
 
 
 def settle_gc() -> None:
-    """For a service once started: what exists now (modules, tokenizer, app, model) lives as
-    long as the process, so full collections skip it; and a step's short-lived messages (a few per
-    request per step) die before a young collection, not promoted and scanned again in older ones."""
+    """For a started service: what exists now (modules, app, model) lives as long as the process, so full
+    collections skip it; a step's short-lived messages die before a young collection, never promoted."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])

@@ -60,8 +60,7 @@ def grounded_chats() -> list[list[dict]]:
 
 
 def grounded_edits(model: str = "smollm2") -> list[dict]:
-    """The chats as token ids, up to NUM_OUTPUT_TOKENS each, ending at the model's stop token: after it
-    a small model invents a new chat, text nothing in the request grounds (the named random ones ignore EOS)."""
+    """The chats as token ids, up to NUM_OUTPUT_TOKENS each, ending at EOS (past it: an invented new chat)."""
     from pagedserve.shared.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model)

@@ -51,8 +51,7 @@ WORKLOADS: dict[str, Callable[[], list[dict]]] = {
     "mix-96": lambda: random_mix(96, 21, 32, 512, 16, 256),
     # 8 prompts of 3,936-4,000 tokens, 64 output tokens each: decodes over ~4,000-token contexts
     "long-context-8": lambda: random_mix(8, 29, 3936, 4000, 64, 64),
-    # 16 chats whose answers quote their input (code edits, rewrites, quoting summaries), up to 192 output
-    # tokens each, ending at EOS:
+    # 16 chats whose answers quote their input (code edits, rewrites, summaries), up to 192 tokens, to EOS:
     # where prompt lookup speculation has drafts to find (grounded_workload.py; SmolLM2's tokenizer)
     "grounded-edits-16": lambda: _grounded(),
 }

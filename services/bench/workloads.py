@@ -1,6 +1,5 @@
-"""Benchmark workloads: the named ones shipped in the package (named_workloads.py, the ones
-every figure is quoted on) or a JSON file of [{"prompt_token_ids": [...], "max_tokens": N}, ...],
-each optionally with "ignore_eos": false (a request that ends at the model's stop token)."""
+"""Benchmark workloads: the named ones (named_workloads.py, every figure is quoted on one) or a JSON file
+of [{"prompt_token_ids": [...], "max_tokens": N, optionally "ignore_eos": false}, ...]."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pagedserve.services.bench.named_workloads import WORKLOADS
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
-    ignore_eos: bool = True  # every token counted is one the request asked for, EOS or not
+    ignore_eos: bool = True
 
 
 def load_workload(name_or_file: str) -> list[BenchRequest]:

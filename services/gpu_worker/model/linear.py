@@ -1,9 +1,8 @@
 """y = x @ W^T: weights packed once for oneDNN (bf16: F.linear reorders on every call; float32:
 oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps of few rows go to
 cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too,
-so logits depend slightly on the row count. bf16 on a CPU with AMX takes its tiles from
-AMX_MIN_ROWS to 16 rows (a verify step: one tile product serves every row). PAGEDSERVE_PACK_WEIGHTS=0
-/ PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
+so logits depend slightly on the row count; with AMX, bf16 rows AMX_MIN_ROWS to 16 take its tiles.
+PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
 """
 
 from __future__ import annotations
