@@ -109,8 +109,10 @@ def test_argmax_rows_is_torch_max_indices_first_on_ties(dtype):
     assert fused.argmax_rows(logits)[3].item() == 7 and fused.argmax_rows(logits)[5].item() == 0
 
 
+@pytest.mark.parametrize("int8_pool", [False, True], ids=["model-dtype-pool", "int8-pool"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_write_kv_is_rotary_then_write_kv(dtype):
+def test_rope_write_kv_is_rotary_then_write_kv(dtype, int8_pool):
+    from pagedserve.services.gpu_worker.attention.kv_quant import quantize
     from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
     from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 
@@ -124,6 +126,7 @@ def test_rope_write_kv_is_rotary_then_write_kv(dtype):
     angles = torch.arange(64).float()[:, None] * torch.rand(dim // 2, generator=torch.Generator().manual_seed(11))
     cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
     cache = _rand(2, 8, block_size, kv_heads, dim, seed=12, dtype=dtype)
+    cache = quantize(cache) if int8_pool else cache  # int8: each row quantized as written, torch's bytes
     expected_qkv, expected_cache = qkv.clone(), cache.clone()
     eq, ek, ev = views(expected_qkv)
     fused.rotary(eq, positions, cos, sin)

@@ -12,6 +12,7 @@ from pagedserve.services.gpu_worker.attention import kv_quant
 from pagedserve.services.gpu_worker.attention.block_copy import copy_blocks
 from pagedserve.services.gpu_worker.attention.reference import ReferenceBackend
 from pagedserve.services.gpu_worker.attention.torch_paged import TorchPagedBackend
+from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.kv_pool import KVPool, bytes_per_block
 from pagedserve.shared.model_config import ModelConfig
 from tests.gpu_worker.test_attention import _cpu_meta, _prefill_kernel_supported, make_step, steps
@@ -156,16 +157,46 @@ def test_int8_decode_kernel_keeps_each_groups_scale(head_dim, block_size, group,
 
 @pytest.mark.skipif(not _prefill_kernel_supported(), reason="the bf16 prefill kernel needs AVX-512 BF16")
 @pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (32, 128, 2)])
-def test_int8_prefills_run_the_bf16_kernel_on_their_dequantized_blocks(block_size, head_dim, group):
+def test_int8_prefills_run_the_prefill_kernel_on_the_int8_pool(block_size, head_dim, group):
     # chunks after cached context (one shares its first blocks with another), a fresh prefill
     requests = [(37, 100), (20, 60), (45, 45), (1, 63)]
     step = int8_step(requests=requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
                      head_dim=head_dim, dtype=torch.bfloat16, shared_blocks=1, seed=block_size + group)
     backend = TorchPagedBackend(use_kernel=True)
     check_int8_against_reference(backend, *step)
-    p = backend._plan.kernel_prefills
-    assert p is not None and backend._plan.prefills == []
-    assert p.block_ids.numel() == len(set(p.block_ids.tolist()))  # each shared block dequantized once
+    assert backend._plan.kernel_prefills is not None and backend._plan.prefills == []
+    # the kernel's pass 1 dequantizes to exactly the bf16 that the pool's torch dequantization gives
+    meta, cache, q, k, v = step
+    backend.write_kv(k, v, cache, meta)
+    scale, prefill_rows = head_dim ** -0.5, 37 + 20 + 45  # the decode last: int8 and bf16 walks differ
+    got = backend.attend(q, cache, meta, scale)[:prefill_rows]
+    assert torch.equal(got, backend.attend(q, kv_quant.dequantize(cache, torch.bfloat16), meta, scale)[:prefill_rows])
+
+
+@pytest.mark.skipif(cpu_extensions.load("decode") is None, reason="the C++ kernels are not built here")
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.sampled_from([32, 48, 64, 96, 128, 256]),
+       st.sampled_from([torch.float32, torch.bfloat16]), st.floats(1e-30, 1e6), st.integers(0, 2**31 - 1))
+def test_write_kernel_stores_exactly_the_torch_quantized_rows(tokens, heads, head_dim, dtype, magnitude, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # outlier channels over 3 decades; a quarter of the values on half steps (ties round to even)
+    x = (torch.randn(2, tokens, heads, head_dim, generator=gen) * magnitude
+         * 10 ** (3 * torch.rand(head_dim, generator=gen) - 3))
+    ties = torch.rand(x.shape, generator=gen) < 0.25
+    x = torch.where(ties, (torch.randint(-254, 255, x.shape, generator=gen) + 0.5) * magnitude / 254, x)
+    x[:, :, 0] = 0  # a zero row: smallest scale, zeros
+    # K and V as views of one fused row per token (strided rows, as the model's qkv split gives)
+    fused = torch.cat([x[0].flatten(1), torch.zeros(tokens, 5), x[1].flatten(1)], dim=1).to(dtype)
+    key = fused[:, : heads * head_dim].view(tokens, heads, head_dim)
+    value = fused[:, heads * head_dim + 5 :].view(tokens, heads, head_dim)
+    pool = torch.zeros(2, 3, 4, heads, kv_quant.row_width(head_dim, torch.int8), dtype=torch.int8)
+    slots = torch.randperm(12, generator=gen)[:tokens]  # scattered over 3 blocks of 4
+    cpu_extensions.load("decode").write_kv_int8(key, value, pool, slots)
+    flat = pool.view(2, 12, heads, -1)
+    assert torch.equal(flat[0, slots], kv_quant.quantize(key)) and torch.equal(flat[1, slots], kv_quant.quantize(value))
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert not flat[:, untouched].any()
 
 
 def test_copy_on_write_copies_int8_rows_with_their_scales():

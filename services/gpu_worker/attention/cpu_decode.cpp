@@ -317,7 +317,46 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   }
 }
 
+// key, value [N, Hkv, D] float32 or bf16 (rows may be strided) -> their slots of an int8 pool
+// [2, NB, BS, Hkv, width(D)]: each row quantized in the pass that stores it (kv_quant.quantize's bytes).
+void write_kv_int8(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, torch::Tensor slots) {
+  const int64_t N = key.size(0), Hkv = key.size(1), D = key.size(2), W = kv_int8::width(D);
+  TORCH_CHECK(kv_cache.scalar_type() == torch::kInt8 && kv_cache.is_contiguous() && kv_cache.size(3) == Hkv &&
+                  kv_cache.size(4) == W && D <= 512,
+              "write_kv_int8: a contiguous int8 pool of rows width(head_dim) wide, head_dim <= 512");
+  TORCH_CHECK(value.sizes() == key.sizes() && value.scalar_type() == key.scalar_type() &&
+                  (key.scalar_type() == torch::kFloat32 || key.scalar_type() == torch::kBFloat16),
+              "write_kv_int8: key and value of one shape, float32 or bfloat16");
+  TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == D && value.stride(2) == 1 && value.stride(1) == D,
+              "write_kv_int8: contiguous heads (rows may be strided)");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() && slots.size(0) == N,
+              "write_kv_int8: int64 slot per token");
+  const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < N; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "write_kv_int8: slot out of range");
+  int8_t* k_pool = kv_cache.data_ptr<int8_t>();
+  int8_t* v_pool = k_pool + num_slots * Hkv * W;
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const T *k = static_cast<const T*>(key.data_ptr()), *v = static_cast<const T*>(value.data_ptr());
+    const auto quantize = [D](const T* x, int8_t* row) {
+      kv_int8::quantize_row(x, row, D, [](T value) { return widen(value); });
+    };
+    at::parallel_for(0, N * Hkv, std::max<int64_t>(1, 16384 / D), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t t = i / Hkv, h = i % Hkv, dst = (slot[t] * Hkv + h) * W;
+        quantize(k + t * key.stride(0) + h * D, k_pool + dst);
+        quantize(v + t * value.stride(0) + h * D, v_pool + dst);
+      }
+    });
+  };
+  if (key.scalar_type() == torch::kFloat32) run(0.f);
+  else run(c10::BFloat16());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("write_kv_int8", &write_kv_int8, "quantize K and V rows into their slots of an int8 pool (CPU)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention over the block pool (CPU)",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -14,6 +14,8 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu_kv_int8.h"
+
 namespace {
 
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
@@ -45,16 +47,9 @@ struct KvRow {
 template <>
 struct KvRow<int8_t> {
   static constexpr bool kQuantized = true;
-  static constexpr int64_t group(int64_t D) { return D % 32 == 0 ? 32 : D; }
-  static constexpr int64_t width(int64_t D) { return D + 3 * ((D / group(D) + 1) / 2); }
-  static float scale(const int8_t* row, int64_t D, int64_t g) {  // group g's scale
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(row + D) + 3 * (g / 2);
-    const uint32_t pair = uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16);
-    const uint32_t bits = (g % 2 ? pair >> 12 : pair & 0xFFFu) << 19;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-  }
+  static constexpr int64_t group(int64_t D) { return kv_int8::group(D); }
+  static constexpr int64_t width(int64_t D) { return kv_int8::width(D); }
+  static float scale(const int8_t* row, int64_t D, int64_t g) { return kv_int8::scale(row, D, g); }
 };
 
 // The step's work, longest first, taken one item at a time by whichever thread is free (a

@@ -1,8 +1,8 @@
 // Paged causal prefill attention on the CPU, bf16, for CPUs with AVX-512 BF16 (vdpbf16ps):
 // a flash-attention walk (tiles of 16 query rows, key chunks in order, online softmax), so no
 // [q_len, seq_len] score matrix is built. Query rows are positions seq_len - q_len .. seq_len - 1.
-//   query, out [T, H, D] (query may be strided); kv_cache [2, NB, BS, Hkv, D], BS % 16 == 0,
-//   D 64 or 128; block_tables [P, max_blocks] int32; seq_lens, q_lens [P] int32; q_starts [P] int64.
+//   query, out [T, H, D] (query may be strided); kv_cache [2, NB, BS, Hkv, D] bf16, or int8
+//   [.., D + S] (kv_quant.py's rows, dequantized in pass 1), BS % 16 == 0, D 64 or 128; block_tables [P, max_blocks] int32; seq_lens, q_lens [P] int32; q_starts [P] int64.
 // Pass 1 copies each (request, KV head)'s K and V once into vdpbf16ps layouts; pass 2 deals out
 // (request, KV head, 16-row tile) items dynamically (later tiles see more keys); a tile's rows are
 // (position, head of the group) pairs, so a group's heads share every K/V load. P is rounded to
@@ -25,14 +25,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#include "cpu_kv_int8.h"
+#include "cpu_prefill_layout.h"  // kKeys, Prefill, lay_out (pass 1)
 
 namespace {
 
 #if defined(__AVX512BF16__)
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
 constexpr int kRows = 16;           // query rows per tile
-constexpr int kKeys = 16;           // keys per chunk (one zmm of fp32 scores)
 
 // exp(x), x <= 0: 2^n * 2^f, f in [-1/2, 1/2] by degree-6 Taylor (rel. error < 2e-7 << bf16's 4e-3)
 inline __m512 exp_nonpositive(__m512 x) {
@@ -51,30 +54,6 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
-
-struct Prefill {
-  const uint32_t* kt;  // [chunks][DH / 2][16]: dword = dims (2i, 2i+1) of one key
-  const uint32_t* vp;  // [chunks * 8][D]: dword = one dim of keys (2j, 2j+1)
-  int64_t q_start, q_len, seq_len;
-};
-
-// Pass 1, one (request, KV head): K and V in vdpbf16ps layouts, zero past seq_len (scores masked)
-template <int DH>
-void lay_out(uint32_t* kt, uint32_t* vp, const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* table,
-             int64_t seq_len, int64_t BS, int64_t token_stride, int64_t kv_head) {
-  const int64_t num_chunks = 2 * ((seq_len + 2 * kKeys - 1) / (2 * kKeys));  // as prefill() sizes it
-  std::memset(kt, 0, num_chunks * (DH / 2) * kKeys * 4);
-  std::memset(vp, 0, num_chunks * (kKeys / 2) * DH * 4);
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const int64_t offset = table[t / BS] * BS * token_stride + (t % BS) * token_stride + kv_head * DH;
-    const uint16_t* k = k_pool + offset;
-    const uint16_t* v = v_pool + offset;
-    uint32_t* kt_chunk = kt + (t / kKeys) * (DH / 2) * kKeys + t % kKeys;
-    for (int i = 0; i < DH / 2; ++i) kt_chunk[i * kKeys] = k[2 * i] | (static_cast<uint32_t>(k[2 * i + 1]) << 16);
-    uint16_t* vp_row = reinterpret_cast<uint16_t*>(vp + (t / 2) * DH) + (t % 2);
-    for (int d = 0; d < DH; ++d) vp_row[2 * d] = v[d];
-  }
-}
 
 // One tile's online-softmax state: unnormalised O, running max m and sum l per row
 template <int DH>
@@ -283,14 +262,14 @@ bool amx_usable() {
 #endif
 }
 
-template <int DH>
+template <int DH, typename kv_t>
 void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
              torch::Tensor seq_lens, torch::Tensor q_lens, torch::Tensor q_starts, float scale) {
   const int64_t P = seq_lens.size(0), H = query.size(1);
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
-  const int64_t G = H / Hkv, max_blocks = block_tables.size(1), token_stride = Hkv * DH;
-  const uint16_t* k_pool = reinterpret_cast<const uint16_t*>(kv_cache.data_ptr<c10::BFloat16>());
-  const uint16_t* v_pool = k_pool + NB * BS * token_stride;
+  const int64_t W = kv_cache.size(4), G = H / Hkv, max_blocks = block_tables.size(1), token_stride = Hkv * W;
+  const kv_t* k_pool = static_cast<const kv_t*>(kv_cache.data_ptr());
+  const kv_t* v_pool = k_pool + NB * BS * token_stride;
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* qlens = q_lens.data_ptr<int32_t>();
@@ -309,7 +288,7 @@ void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, tor
       const int64_t p = item / Hkv, h = item % Hkv;
       uint32_t* kt = layout.data() + offset[item];
       uint32_t* vp = kt + (offset[item + 1] - offset[item]) / 2;
-      lay_out<DH>(kt, vp, k_pool, v_pool, tables + p * max_blocks, lens[p], BS, token_stride, h);
+      lay_out<DH>(kt, vp, k_pool, v_pool, tables + p * max_blocks, lens[p], BS, token_stride, W, h);
       items[item] = Prefill{kt, vp, starts[p], qlens[p], lens[p]};
     }
   });
@@ -372,9 +351,12 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
                              torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor q_lens,
                              torch::Tensor q_starts, double scale) {
   TORCH_CHECK(supported(), "paged_prefill_attention: built without AVX-512 BF16");
-  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && kv_cache.scalar_type() == torch::kBFloat16 &&
+  const bool int8_kv = kv_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && (kv_cache.scalar_type() == torch::kBFloat16 || int8_kv) &&
                   out.scalar_type() == torch::kBFloat16,
-              "paged_prefill_attention: bfloat16 only");
+              "paged_prefill_attention: bfloat16 query and out, a bfloat16 or int8 pool");
+  TORCH_CHECK(kv_cache.size(4) == (int8_kv ? kv_int8::width(query.size(2)) : query.size(2)),
+              "paged_prefill_attention: kv_cache rows must be head_dim wide (int8: and the packed scales)");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2) && out.is_contiguous() &&
                   kv_cache.is_contiguous() && block_tables.is_contiguous(),
               "paged_prefill_attention: contiguous tensors only (query: rows may be strided)");
@@ -385,8 +367,13 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
               "paged_prefill_attention: int32 block_tables, seq_lens, q_lens; int64 q_starts");
 #if defined(__AVX512BF16__)
   const float s = static_cast<float>(scale);
-  if (query.size(2) == 64) return prefill<64>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
-  if (query.size(2) == 128) return prefill<128>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
+  auto run = [&](auto dh) {
+    constexpr int DH = decltype(dh)::value;
+    if (int8_kv) return prefill<DH, int8_t>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
+    prefill<DH, uint16_t>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
+  };
+  if (query.size(2) == 64) return run(std::integral_constant<int, 64>{});
+  if (query.size(2) == 128) return run(std::integral_constant<int, 128>{});
 #endif
   TORCH_CHECK(false, "paged_prefill_attention: head_dim 64 or 128 only");
 }
@@ -394,6 +381,6 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this build has the AVX-512 BF16 kernel");
   m.def("use_amx", &use_amx, "turn the AMX walk on or off; whether it is now in use");
-  m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16)",
+  m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16; bf16 or int8 pool)",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -38,9 +38,6 @@ class _KernelPrefills:
     seq_lens: torch.Tensor  # int32 [P]
     q_lens: torch.Tensor  # int32 [P]
     q_starts: torch.Tensor  # int64 [P], flat index of each chunk's first query token
-    # for an int8 pool: the blocks the chunks read (int64 [n]) and the tables renumbered into them
-    block_ids: torch.Tensor
-    local_tables: torch.Tensor  # int32 [P, max_blocks]
 
 
 @dataclass
@@ -121,15 +118,7 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
     prefill_reqs = [i for i, q in enumerate(q_lens) if q > 1]
     if use_prefill_kernel and prefill_reqs:
         idx = torch.tensor(prefill_reqs, dtype=torch.int64)
-        used = [tables[i, :_blocks_for(s_lens[i], block_size)] for i in prefill_reqs]
-        block_ids, local = torch.unique(torch.cat(used), return_inverse=True)
-        local_tables = torch.zeros(len(prefill_reqs), tables.shape[1], dtype=torch.int32)
-        at = 0
-        for row, u in enumerate(used):
-            local_tables[row, : len(u)] = local[at : at + len(u)].to(torch.int32)
-            at += len(u)
         kernel_prefills = _KernelPrefills(
-            block_ids=block_ids, local_tables=local_tables,
             block_tables=meta.block_tables.index_select(0, idx).contiguous(),
             seq_lens=torch.tensor([s_lens[i] for i in prefill_reqs], dtype=torch.int32),
             q_lens=torch.tensor([q_lens[i] for i in prefill_reqs], dtype=torch.int32),
@@ -195,6 +184,9 @@ class TorchPagedBackend:
         self._kernels = (self._load_kernels()[0], kernel)
 
     def write_kv(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
+        if is_quantized(kv_cache) and self._kernel_fits(key, kv_cache) and _layout_fits(value, kv_cache):
+            self._kernel.write_kv_int8(key, value, kv_cache, meta.slot_mapping)  # quantized as stored, one pass
+            return
         # flat view [2, num_blocks * block_size, Hkv, D]: row = slot
         flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
         flat[0].index_copy_(0, meta.slot_mapping, to_cache(key, kv_cache))
@@ -226,11 +218,9 @@ class TorchPagedBackend:
                 q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), attn_mask=b.mask, scale=scale)
             out.index_copy_(0, b.token_idx, o.reshape(n, num_heads, head_dim))
         if plan.kernel_prefills is not None:
-            p = plan.kernel_prefills
-            cache, tables = kv_cache, p.block_tables
-            if is_quantized(kv_cache):  # prefill reuses each K/V row q_len times: dequantize its blocks once
-                cache, tables = from_cache(kv_cache.index_select(1, p.block_ids), query.dtype), p.local_tables
-            prefill_kernel.paged_prefill_attention(out, query, cache, tables, p.seq_lens, p.q_lens, p.q_starts, scale)
+            p = plan.kernel_prefills  # an int8 pool's rows are dequantized once per step, in the kernel's pass 1
+            prefill_kernel.paged_prefill_attention(out, query, kv_cache, p.block_tables, p.seq_lens, p.q_lens,
+                                                   p.q_starts, scale)
         for p in plan.prefills:
             kv = from_cache(self._gather(by_block, p.block_ids, ws).view(2, -1, num_kv_heads, width), query.dtype)
             # K/V [Hkv, group (stride 0), s, D]; q [Hkv, group, q_len, D]

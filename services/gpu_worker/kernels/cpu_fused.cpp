@@ -16,6 +16,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../attention/cpu_kv_int8.h"
+
 namespace {
 
 using bf16 = c10::BFloat16;
@@ -212,15 +214,20 @@ void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos, torch::
 
 // One pass per token for the attention inputs: rotary on q [T, H, D] and k [T, Hkv, D] in
 // place (as rotary() does), then k and v [T, Hkv, D] copied into their slot of the pool
-// kv_cache [2, NB, BS, Hkv, D] (slot = block * BS + offset, as write_kv stores them).
+// kv_cache [2, NB, BS, Hkv, D] (slot = block * BS + offset, as write_kv stores them); an int8 pool
+// [2, NB, BS, Hkv, D + S] gets each row quantized as it is stored (kv_quant.quantize's bytes).
 void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor positions, torch::Tensor cos,
                    torch::Tensor sin, torch::Tensor kv_cache, torch::Tensor slots) {
   check_rotary_args(q, cos, sin, q), check_rotary_args(k, cos, sin, q), check_dtype(v, "rope_write_kv v", q);
-  check_dtype(kv_cache, "rope_write_kv kv_cache", q);
+  const bool int8_pool = kv_cache.scalar_type() == torch::kInt8;
+  if (!int8_pool) check_dtype(kv_cache, "rope_write_kv kv_cache", q);
   TORCH_CHECK(kv_cache.is_contiguous() && v.stride(1) == v.size(2), "rope_write_kv: contiguous pool and v heads");
   TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.size(0) == q.size(0), "rope_write_kv: int64 slot per token");
-  const int64_t N = q.size(0), H = q.size(1), Hkv = k.size(1), half = q.size(2) / 2;
-  const int64_t row = Hkv * 2 * half;  // one token's K (or V) in the pool
+  const int64_t N = q.size(0), H = q.size(1), Hkv = k.size(1), half = q.size(2) / 2, D = 2 * half;
+  const int64_t W = int8_pool ? kv_int8::width(D) : D;
+  TORCH_CHECK(kv_cache.size(-1) == W && kv_cache.size(-2) == Hkv && D <= 512,
+              "rope_write_kv: pool rows of head_dim (int8: head_dim and its scales, head_dim <= 512)");
+  const int64_t row = Hkv * W;  // one token's K (or V) in the pool
   const int64_t plane = kv_cache.numel() / 2;
   const int64_t num_slots = plane / row;
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -228,8 +235,13 @@ void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
   for (int64_t t = 0; t < N; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "rope_write_kv: slot out of range");
   by_dtype(q.scalar_type() == torch::kBFloat16, [&](auto zero) {
     using T = decltype(zero);
-    T* k_pool = kv_cache.data_ptr<T>();
-    T* v_pool = k_pool + plane;
+    const auto store_rows = [&](int8_t* pool, int64_t t, const T* x) {  // one token's Hkv rows into its slot
+      if (!int8_pool) return (void)std::memcpy(reinterpret_cast<T*>(pool) + slot[t] * row, x, row * sizeof(T));
+      for (int64_t h = 0; h < Hkv; ++h)
+        kv_int8::quantize_row(x + h * D, pool + slot[t] * row + h * W, D, [](T value) { return load(value); });
+    };
+    int8_t* k_pool = static_cast<int8_t*>(kv_cache.data_ptr());
+    int8_t* v_pool = k_pool + plane * kv_cache.element_size();
     at::parallel_for(0, N, grain_for((H + 2 * Hkv) * 2 * half), [&](int64_t begin, int64_t end) {
       std::vector<float> c(half), s(half);
       for (int64_t t = begin; t < end; ++t) {
@@ -237,8 +249,8 @@ void rope_write_kv(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
         rotate_heads(q.data_ptr<T>() + t * q.stride(0), H, half, c.data(), s.data());
         T* kt = k.data_ptr<T>() + t * k.stride(0);
         rotate_heads(kt, Hkv, half, c.data(), s.data());
-        std::memcpy(k_pool + slot[t] * row, kt, row * sizeof(T));
-        std::memcpy(v_pool + slot[t] * row, v.data_ptr<T>() + t * v.stride(0), row * sizeof(T));
+        store_rows(k_pool, t, kt);
+        store_rows(v_pool, t, v.data_ptr<T>() + t * v.stride(0));
       }
     });
   });
@@ -279,6 +291,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rotary", &rotary, "rotary embedding in place (bf16 or float32)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16 or float32)",
+  m.def("rope_write_kv", &rope_write_kv, "rotary on q and k, k and v into their pool slots (bf16 or float32; the pool that or int8)",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -117,9 +117,10 @@ class LlamaDecoderLayer(torch.nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # per head, before rope (new contiguous tensors)
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused is not None and rotary.full and kv_cache.is_contiguous() and kv_cache.dtype == q.dtype:
+        if (self.fused is not None and rotary.full and kv_cache.is_contiguous()
+                and kv_cache.dtype in (q.dtype, torch.int8)):
             # rotary on q and k and the K/V writes into the pool, one pass per token (cpu_fused.cpp);
-            # an int8 pool is written by the backend's write_kv, which quantizes each row it stores
+            # an int8 pool's rows are quantized in that pass
             self.fused.rope_write_kv(q, k, v, positions, rotary.cos, rotary.sin, kv_cache, meta.slot_mapping)
         else:
             q, k = rotary(positions, q, k, self.fused)
