@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedserve.services.engine import Engine
 
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                                 kv_cache_dtype=args.kv_cache_dtype,
                                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                  enable_prefix_caching=args.enable_prefix_caching))
     _trace_kernels(engine)
