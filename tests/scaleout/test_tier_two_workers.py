@@ -96,9 +96,9 @@ def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
 
     streamed = [0] * len(prompts)  # chunks each request of the current run has received
 
-    def run_all(salt: str) -> list[str]:
+    def run_all(salt: str, max_tokens: int = MOVED_OUTPUT_TOKENS) -> list[str]:
         def one(i):
-            body = {"model": "smollm2", "prompt": prompts[i], "max_tokens": MOVED_OUTPUT_TOKENS, "temperature": 0,
+            body = {"model": "smollm2", "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0,
                     "ignore_eos": True, "cache_salt": salt, "stream": True}
             parts = []
             with client.stream("POST", "/v1/completions", json=body) as r:
@@ -114,13 +114,16 @@ def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
             return list(pool.map(one, range(len(prompts))))
 
     reference = run_all("reference")  # another salt: nothing of it is the faulted run's cache
+    # the faulted run's prompts prefilled first: its 8 requests then all start decoding within a step
+    # or two, instead of one worker finishing its 4 while the other still prefills (a race on the kill)
+    run_all("faulted", max_tokens=1)
     before = stats(keys, "scheduler")
     pids = {m.group(1): int(m.group(2)) for m in re.finditer(r"started (worker\d) \(pid (\d+)\)",
                                                                log_path.read_text(errors="replace"))}
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(run_all, "faulted")
 
-        def all_generating():  # each past its prefill (its blocks in the tier) and none near its end
+        def all_generating():  # each past its prompt (its blocks in the tier) and none near its end
             return min(streamed) >= 3
 
         wait_for(all_generating, 900, "all 8 requests to be generating")
