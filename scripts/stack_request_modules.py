@@ -27,13 +27,15 @@ HOOK = '''
 import json, os, signal, sys, threading
 _out = os.environ.get("PAGEDSERVE_TRACE_MODULES")
 if _out:
-    _seen, _on = set(), [False]
+    _seen, _on = {}, [False]
 
     def _hook(frame, event, _arg):
         if _on[0] and event == "call":
             name = frame.f_globals.get("__name__", "")
-            if name.startswith("pagedserve."):
-                _seen.add(name)
+            if name.startswith("pagedserve.") and name not in _seen:
+                back = frame.f_back
+                caller = back.f_globals.get("__name__", "?") + ":" + back.f_code.co_name if back else "?"
+                _seen[name] = caller + " -> " + frame.f_code.co_name
 
     def _start(*_):
         _seen.clear()
@@ -42,7 +44,7 @@ if _out:
     def _dump(*_):
         _on[0] = False
         with open(os.path.join(_out, "%d.json" % os.getpid()), "w") as f:
-            json.dump({"argv": sys.argv, "modules": sorted(_seen)}, f)
+            json.dump({"argv": sys.argv, "modules": sorted(_seen), "entries": _seen}, f)
 
     sys.setprofile(_hook)
     threading.setprofile(_hook)
@@ -83,6 +85,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--port", type=int, default=8031)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--entries", action="store_true", help="also how each module was first entered (from where)")
     args = ap.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="request-modules-"))
     (work / "hook").mkdir()
@@ -135,6 +138,9 @@ def main() -> None:
             continue
         union.update(dump["modules"])
         print(f"{service}: {len(dump['modules'])} modules: {' '.join(m[11:] for m in dump['modules'])}")
+        if args.entries:
+            for module in dump["modules"]:
+                print(f"    {module[11:]:45} {dump['entries'][module].replace('pagedserve.', '')}")
     print(f"all services: {len(union)} distinct modules")
 
 

@@ -48,7 +48,8 @@ class ApiState:
         prompts is a PromptBatch (/v1/completions)."""
         body = parse_body(raw, cls)
         tenant = tenant_of(conn.headers)
-        parts = split_prompts(body) if many and isinstance(body, CompletionRequest) else None
+        parts = split_prompts(body) if many and isinstance(body, CompletionRequest) and (
+            isinstance(body.prompt, list) or body.n > 1) else None
         if parts is None:
             request = await asyncio.to_thread(prepare, body, self.tokenizer, self.info, self.limits, tenant)
         else:

@@ -12,7 +12,7 @@ from pagedserve.services.api.admission import RequestLimits, check_limits
 from pagedserve.services.api.echo import isolated_salt, prompt_echo
 from pagedserve.services.api.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from pagedserve.services.api.request import ApiRequest
-from pagedserve.services.api.structured_outputs import guided_decoding
+from pagedserve.services.api.structured_outputs import BODY_FIELDS, guided_decoding
 from pagedserve.services.api.tool_calls import ToolUse, template_messages, tool_use
 from pagedserve.shared.messages import SamplingParams
 from pagedserve.shared.prompt_check import PromptRejected, check_context, check_prompt
@@ -49,7 +49,7 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         raise ApiError(404, f"the model '{body.model}' does not exist (this server serves '{info.served_name}')",
                        code="model_not_found", param="model")
     _check_unsupported(body, max_n)
-    guided = guided_decoding(body)
+    guided = guided_decoding(body) if any(getattr(body, name, None) is not None for name in BODY_FIELDS) else None
     tools, tool_guide = tool_use(body) if isinstance(body, ChatCompletionRequest) else (None, None)
     if tool_guide is not None:
         if guided is not None:
@@ -68,7 +68,8 @@ def prepare(body: CompletionRequest | ChatCompletionRequest, tokenizer, info: Mo
         logprobs = _bounded(body.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
     _checked(check_prompt, prompt_ids, info.vocab_size)
     default_max = min(default_max, info.sampling_defaults.get("max_tokens", default_max))  # max_new_tokens
-    prompt = prompt_echo(body, prompt_ids, logprobs, tokenizer)
+    asks_prompt = body.prompt_logprobs is not None or (isinstance(body, CompletionRequest) and body.echo)
+    prompt = prompt_echo(body, prompt_ids, logprobs, tokenizer) if asks_prompt else None
     if max_tokens is not None and max_tokens < 1 and not (prompt and prompt.drop_output):
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens} (0 only with echo)",
                        param="max_tokens")

@@ -9,10 +9,12 @@ the blobs keep no per-worker value. kv_cache_usage_perc is a ratio: avg() or max
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from bisect import bisect_left
 
-from pagedserve.services.api.latency_histogram import LatencyHistogram
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
 from pagedserve.shared.speculative_config import PER_POS_KEY
 
 PREFIX = "pagedserve:"
@@ -28,6 +30,33 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 def _number(blob: dict, key: str) -> float:
     value = blob.get(key, 0)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+class LatencyHistogram:
+    """A histogram observed without prometheus_client's lock (a bisect and two adds; the api observes once
+    per token of every stream), registered as one series api=<id>. Only the event loop's thread observes."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], api_id: str, registry) -> None:
+        self.name, self.documentation, self.api_id = name, documentation, api_id
+        self.bounds = tuple(float(b) for b in buckets)
+        self._labels = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        self.counts = [0] * (len(self.bounds) + 1)  # counts[i]: bounds[i-1] < value <= bounds[i]
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self):
+        counts, total, cumulative = list(self.counts), self.sum, 0  # a copy: buckets and count agree
+        buckets = []
+        for label, count in zip(self._labels, counts, strict=True):
+            cumulative += count
+            buckets.append((label, cumulative))
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["api"])
+        family.add_metric([self.api_id], buckets, sum_value=total)
+        yield family
 
 
 class StatsCollector:

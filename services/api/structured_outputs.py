@@ -24,6 +24,8 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # na
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "additionalItems")
 _VLLM_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+BODY_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+               "guided_grammar")
 
 
 def guided_decoding(body) -> GuidedDecoding | None:

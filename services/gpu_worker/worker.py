@@ -121,6 +121,9 @@ class Worker:
             scheduled.append(cached.request_id)
         return scheduled
 
+    def _compiled_grammars(self, wait_s: float = 0.0) -> list[str]:
+        return self.grammars.take_compiled(wait_s) if self.grammars.watched else []
+
     def _greedy(self, hidden: torch.Tensor) -> list[int]:
         screened = self.model.screened_head
         tokens = screened.tokens(hidden) if screened is not None and len(hidden) >= SCREEN_MIN_ROWS else None
@@ -128,11 +131,11 @@ class Worker:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
-        self.grammars.prefetch(plan.compile_grammars)
+        if plan.compile_grammars:
+            self.grammars.prefetch(plan.compile_grammars)
         scheduled = [r for r in self._apply_plan(plan) if self.requests[r].num_scheduled_tokens > 0]
         if not scheduled:
-            compiled = self.grammars.take_compiled(IDLE_COMPILE_WAIT_S)
-            return StepResult(step_id=plan.step_id, compiled_grammars=compiled)
+            return StepResult(step_id=plan.step_id, compiled_grammars=self._compiled_grammars(IDLE_COMPILE_WAIT_S))
         started = time.perf_counter()
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
@@ -143,7 +146,7 @@ class Worker:
         for request_id, state in zip(scheduled, states, strict=False):
             start, n = state.num_computed_tokens, state.num_scheduled_tokens
             span = prompt_span(request_id, len(input_ids), start, n, state.token_ids, state.num_prompt_tokens,
-                               state.sampling.prompt_logprobs)
+                               state.sampling.prompt_logprobs) if state.sampling.prompt_logprobs is not None else None
             if span is not None:
                 spans.append(span)
             drafts = state.draft_token_ids
@@ -158,9 +161,10 @@ class Worker:
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
         positions = AttentionMetadata.positions(meta)
         tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        masks = self.grammars.start_masks([self.requests[r].grammar for r in sample_ids])  # beside the forward
+        grammars = [self.requests[r].grammar for r in sample_ids]
+        masks = self.grammars.start_masks(grammars) if any(g is not None for g in grammars) else None  # beside the forward
         hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
-        result = StepResult(step_id=plan.step_id, compiled_grammars=self.grammars.take_compiled())
+        result = StepResult(step_id=plan.step_id, compiled_grammars=self._compiled_grammars())
         if spans:
             result.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, spans)
         for state in states:
@@ -170,14 +174,20 @@ class Worker:
             sample_states = [self.requests[r] for r in sample_ids]
             params = [s.sampling for s in sample_states]
             num_outputs = [len(s.token_ids) - s.num_prompt_tokens for s in sample_states]
+            drafting = any(s.draft_token_ids for s in sample_states)
             if masks is None and plain_greedy(params, num_outputs):  # the argmax straight from the model's logits
                 tokens = self._greedy(hidden[sample_rows])
                 rows = [SampledToken(r, t) for r, t in zip(sample_ids, tokens, strict=True)]
             else:
+                histories = draft_histories(sample_ids, sample_states) if drafting else [s.token_ids for s in
+                                                                                          sample_states]
                 logits = self.model.compute_logits(hidden[sample_rows])
-                rows = sample(logits, params, sample_ids, draft_histories(sample_ids, sample_states),
-                              [s.num_prompt_tokens for s in sample_states], masks, self.model_config.eos_token_ids)
-            result.sampled, result.draft_tokens = accept_drafts(rows, [s.draft_token_ids for s in sample_states])
+                rows = sample(logits, params, sample_ids, histories, [s.num_prompt_tokens for s in sample_states],
+                              masks, self.model_config.eos_token_ids)
+            if drafting:
+                result.sampled, result.draft_tokens = accept_drafts(rows, [s.draft_token_ids for s in sample_states])
+            else:
+                result.sampled = rows
             accepted = {}
             for token in result.draft_tokens:
                 accepted.setdefault(token.request_id, []).append(token.token_id)

@@ -15,7 +15,7 @@ class ForkGroups:
     def __init__(self) -> None:
         self._children: dict[str, list[Request]] = {}  # parent id -> its held children
         self._parent_of: dict[str, str] = {}  # held child id -> parent id
-        self._forks: list[Fork] = []
+        self.forks: list[Fork] = []
 
     def make_children(self, parent: Request) -> list[Request]:
         children = []
@@ -59,12 +59,12 @@ class ForkGroups:
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_kv_known_tokens = parent.num_kv_known_tokens  # its table is the parent's
             child.is_fresh_fork = True
-        self._forks.append(Fork(parent.request_id, [c.request_id for c in children]))
+        self.forks.append(Fork(parent.request_id, [c.request_id for c in children]))
         return children
 
     def take_forks(self) -> list[Fork]:
-        forks, self._forks = self._forks, []
+        forks, self.forks = self.forks, []
         return forks
 
     def forget_forks(self) -> None:
-        self._forks = []
+        self.forks = []

@@ -16,19 +16,19 @@ class GrammarGate:
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
         self._compiled: set[str] = set()
-        self._to_ask: dict[str, GuidedDecoding] = {}
+        self.to_ask: dict[str, GuidedDecoding] = {}
         self._asked: dict[str, tuple[GuidedDecoding, float]] = {}
 
     def want(self, guided: GuidedDecoding | None) -> None:
         if guided is not None and guided.key not in self._compiled and guided.key not in self._asked:
-            self._to_ask[guided.key] = guided
+            self.to_ask[guided.key] = guided
 
     def holds(self, guided: GuidedDecoding | None) -> bool:
         """Whether a request with this grammar must wait (asked, not reported, not timed out)."""
-        if guided is None or not (self._to_ask or self._asked):
+        if guided is None or not (self.to_ask or self._asked):
             return False
         key = guided.key
-        if key in self._to_ask:
+        if key in self.to_ask:
             return True
         asked = self._asked.get(key)
         if asked is None:
@@ -39,7 +39,7 @@ class GrammarGate:
         return False
 
     def take_asks(self) -> list[GuidedDecoding]:
-        asks, self._to_ask = list(self._to_ask.values()), {}
+        asks, self.to_ask = list(self.to_ask.values()), {}
         now = self._clock()
         self._asked.update((g.key, (g, now)) for g in asks)
         return asks
@@ -54,7 +54,7 @@ class GrammarGate:
     def worker_lost(self, waiting: list[GuidedDecoding | None]) -> None:
         """A new worker knows no grammar: ask again for those still asked and those of waiting requests."""
         self._compiled.clear()
-        self._to_ask.update((g.key, g) for g, _ in self._asked.values())
+        self.to_ask.update((g.key, g) for g, _ in self._asked.values())
         self._asked.clear()
         for guided in waiting:
             self.want(guided)

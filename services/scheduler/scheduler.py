@@ -89,6 +89,7 @@ class Scheduler:
         self.block_size = 0  # its pool's, from the worker's hello (workers.py); 0 until then
         self._forks = ForkGroups()
         self._speculator = Speculator(speculative_config)
+        self._speculating = speculative_config is not None
         self.grammars = GrammarGate()  # structured-output requests wait for their worker's compile
 
     def add_request(self, request: Request) -> None:
@@ -96,7 +97,8 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         request.check_fresh(self.max_model_len)
         request.arrival_seq = next(self._arrival_seq)
-        self.grammars.want(request.sampling.guided)
+        if request.sampling.guided is not None:
+            self.grammars.want(request.sampling.guided)
         children = self._forks.make_children(request) if request.is_fork_parent else []
         if any(child.request_id in self._requests for child in children):
             self._forks.drop(request.request_id)
@@ -155,8 +157,8 @@ class Scheduler:
 
     def has_work_ahead(self) -> bool:
         """A step scheduled now would compute something (frees and aborts alone can wait)."""
-        return (any(r.num_tokens_wanted(self.max_model_len) > 0 and not self._speculator.holds(r, self.max_model_len)
-                    for r in self._running)
+        return (any(r.num_tokens_wanted(self.max_model_len) > 0
+                    and not (self._speculating and self._speculator.holds(r, self.max_model_len)) for r in self._running)
                 or any(not r.num_pending_tokens for r in self._waiting))
 
     def live_requests(self) -> list[Request]:
@@ -192,7 +194,7 @@ class Scheduler:
         self._next_step_id += 1
         running = self.policy.order_running(self._running)
         waiting = [r for r in self.policy.order_waiting(list(self._waiting), list(self._running))
-                   if not self.grammars.holds(r.sampling.guided) and not r.num_pending_tokens]
+                   if (r.sampling.guided is None or not self.grammars.holds(r.sampling.guided)) and not r.num_pending_tokens]
         num_free_seqs = max(0, self.max_num_seqs - len(self._running))
         self._pending = build_candidates(
             step_id,
@@ -204,12 +206,13 @@ class Scheduler:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             reach=displacement_reach(self.policy, waiting, running, num_free_seqs),
         )
-        self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
+        if self._speculating:
+            self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
         filled, self._tier_filled = self._tier_filled, []
         return AllocRequest(step_id, free_request_ids, [c for _, c in self._pending.candidates],
-                            forks=self._forks.take_forks(), tier_written=written, tier_filled=filled,
+                            forks=self._forks.take_forks() if self._forks.forks else [], tier_written=written, tier_filled=filled,
                             num_free_seqs=num_free_seqs)
 
     def on_alloc(self, reply: AllocReply) -> StepPlan:
@@ -222,7 +225,7 @@ class Scheduler:
         self._pending = None
         plan = StepPlan(pending.step_id, block_copies=list(reply.block_copies), tier_stores=list(reply.tier_stores),
                         tier_fills=list(reply.tier_fills), stores_lag=self.max_steps_in_flight - 1,
-                        compile_grammars=self.grammars.take_asks())
+                        compile_grammars=self.grammars.take_asks() if self.grammars.to_ask else [])
         in_flight = InFlightStep(pending.step_id)
         self._stores_unflushed = bool(plan.tier_stores) and plan.stores_lag > 0
         admitted: list[Request] = []
@@ -287,8 +290,10 @@ class Scheduler:
         self._tier_written += result.tier_written
         self._tier_filled += result.tier_filled
         in_flight = self._in_flight.popleft()
-        self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
-        self.grammars.compiled(result.compiled_grammars)
+        if self._speculating:
+            self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
+        if result.compiled_grammars:
+            self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []
         finished: list[Request] = []
         for entry in in_flight.scheduled:
@@ -382,7 +387,8 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Caller removes it from its queue; this queues its id for kvstore and worker."""
         request.status = status
-        self._speculator.finished(request)
+        if self._speculating:
+            self._speculator.finished(request)
         del self._requests[request.request_id]
         self._free_request_ids.append(request.request_id)
         self._worker_finished_ids.append(request.request_id)

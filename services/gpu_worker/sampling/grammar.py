@@ -87,7 +87,7 @@ class Grammars:
         self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._compiler: Future | None = None
         self._compiled: collections.OrderedDict[tuple[str, str], Future] = collections.OrderedDict()
-        self._watched: dict[str, Future] = {}  # prefetched, by key, until take_compiled reports them
+        self.watched: dict[str, Future] = {}  # prefetched, by key, until take_compiled reports them
 
     def _make_compiler(self):
         import xgrammar as xgr
@@ -108,16 +108,16 @@ class Grammars:
     def prefetch(self, specs: list[GuidedDecoding]) -> None:
         """Start compiling grammars a plan names ahead of their requests (StepPlan.compile_grammars)."""
         for guided in specs:
-            self._watched[guided.key] = self._future(guided)
+            self.watched[guided.key] = self._future(guided)
 
     def take_compiled(self, wait_s: float = 0.0) -> list[str]:
         """Keys of prefetched grammars whose compile ended (ok or not) since the last call; wait_s: how
         long to wait for one when none has yet."""
-        if wait_s > 0 and self._watched and not any(f.done() for f in self._watched.values()):
-            wait(list(self._watched.values()), timeout=wait_s, return_when=FIRST_COMPLETED)
-        done = [key for key, f in self._watched.items() if f.done()]
+        if wait_s > 0 and self.watched and not any(f.done() for f in self.watched.values()):
+            wait(list(self.watched.values()), timeout=wait_s, return_when=FIRST_COMPLETED)
+        done = [key for key, f in self.watched.items() if f.done()]
         for key in done:
-            del self._watched[key]
+            del self.watched[key]
         return done
 
     def _future(self, guided: GuidedDecoding) -> Future:

@@ -24,10 +24,19 @@ def _noise_keys(params: list[SamplingParams], positions: list[int]) -> list[int]
     return keys
 
 
+def _wants_logit_processors(p: SamplingParams) -> bool:
+    return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+            or bool(p.logit_bias) or p.min_tokens > 0)
+
+
 def plain_greedy(params: list[SamplingParams], num_output_tokens: list[int] | None = None) -> bool:
     """num_output_tokens: each row's generated tokens (None: as if min_tokens were reached)."""
-    return all(p.temperature <= 0.0 and p.logprobs is None and not has_penalty(p) and not p.logit_bias
-               for p in params) and not (num_output_tokens and holds_stop_tokens(params, num_output_tokens))
+    if not all(p.temperature <= 0.0 and p.logprobs is None for p in params):
+        return False
+    if not any(_wants_logit_processors(p) for p in params):
+        return True
+    return not any(has_penalty(p) or p.logit_bias for p in params) and not (
+        num_output_tokens and holds_stop_tokens(params, num_output_tokens))
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
@@ -50,10 +59,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], request_ids: list
     fused = fused_kernel(logits) is not None
     # rows whose masked logits torch reads (greedy rows, logprobs), or every masked row without the kernel
     early = [i for i in masked if not fused or params[i].temperature <= 0.0 or params[i].logprobs is not None]
-    apply_bitmask(logits, bitmask, early)
-    processed = apply_logit_bias(apply_penalties(logits, params, token_ids, num_prompt_tokens), params)
-    processed = apply_min_tokens(processed, params, [len(t) - n for t, n in zip(token_ids, num_prompt_tokens,
-                                                                                strict=True)], eos_token_ids)
+    if early:
+        apply_bitmask(logits, bitmask, early)
+    processed = logits
+    if any(_wants_logit_processors(p) for p in params):
+        processed = apply_logit_bias(apply_penalties(logits, params, token_ids, num_prompt_tokens), params)
+        processed = apply_min_tokens(processed, params, [len(t) - n for t, n in zip(token_ids, num_prompt_tokens,
+                                                                                    strict=True)], eos_token_ids)
     # further logit processors chain here, each [N, V] float32 -> [N, V], rows it does not touch unchanged
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0.0]
     if len(random_rows) < len(params):
