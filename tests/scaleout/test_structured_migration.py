@@ -45,7 +45,7 @@ def test_kill_9_of_a_worker_under_constrained_requests(stack):
     reference = _run_all(stack)
     pids = stack.worker_pids()
     start_tokens = stack.stats("scheduler")["generation_tokens_total"]
-    with ThreadPoolExecutor(1) as pool:
+    with stack.anchored(), ThreadPoolExecutor(1) as pool:
         future = pool.submit(_run_all, stack)
 
         def both_busy():

@@ -13,6 +13,7 @@ integrity check. Float32, so a greedy text does not depend on which batch comput
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -87,6 +88,23 @@ class Stack:
 
         wait_for(joined, START_TIMEOUT_S, "both workers in the scheduler's and the kvstore's stats")
 
+    @contextlib.contextmanager
+    def anchored(self):
+        """Two requests that run until aborted (the router puts them on both workers): a kill that
+        waits for both workers to be busy finds them so however fast the machine."""
+        body = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+        ids = []
+        try:
+            for i in range(2):  # the second placed once the first runs: its worker is the loaded one
+                ids.append(self.client.post("/v1/requests", json={"prompt": f"Anchor {i} counts: 1, 2,", **body})
+                           .json()["request_id"])
+                wait_for(lambda: self.client.get(f"/v1/requests/{ids[-1]}").json()["status"] == "running", 120,
+                         f"anchor {i} to run")
+            yield ids
+        finally:
+            for request_id in ids:
+                self.client.delete(f"/v1/requests/{request_id}")
+
     def kills(self, worker: str) -> int:
         """How many times up has seen the worker killed and restarted it."""
         return self.text().count(f"{worker} exited with -9: restarting it in")
@@ -153,14 +171,12 @@ def test_kill_9_of_a_worker_moves_its_requests_with_identical_greedy_text(stack)
 
     def run_all() -> list[str]:
         with ThreadPoolExecutor(16) as pool:
-            # 40 tokens each: both workers stay mid-generation long after the 16 tokens
-            # the kill waits for, however fast the machine
             return [b["choices"][0]["text"] for b in pool.map(lambda p: stack.complete(p, 40, ignore_eos=True), prompts)]
 
     reference = run_all()
     pids = stack.worker_pids()
     start_tokens = stack.stats("scheduler")["generation_tokens_total"]
-    with ThreadPoolExecutor(1) as pool:
+    with stack.anchored(), ThreadPoolExecutor(1) as pool:
         future = pool.submit(run_all)
 
         def both_busy():  # mid-generation: both workers hold requests that have produced tokens
