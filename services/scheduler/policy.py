@@ -76,6 +76,33 @@ class KeyedPolicy(SchedulingPolicy):
         return sorted(running, key=self.sort_key)
 
 
+def displacement_reach(policy: SchedulingPolicy, waiting: list[Request], running: list[Request],
+                       num_free_seqs: int) -> list[int]:
+    """The policy's displacement as data: per waiting request offered, the index into running it
+    stands before (the kvstore's alloc step takes those after it, tail first; past the seats: the tail)."""
+    survivors = list(running)  # those a seatless earlier request has not taken
+    planned: list[Request] = []
+    reach: list[int] = []
+    floor = 0
+    for candidate in waiting:
+        num_taken = 0
+        while (len(survivors) - num_taken > floor
+               and policy.may_displace(candidate, survivors[len(survivors) - num_taken - 1],
+                                       survivors[:len(survivors) - num_taken] + planned
+                                       + ([candidate] if num_taken else []))):
+            num_taken += 1
+        floor = len(survivors) - num_taken
+        if num_free_seqs > 0:
+            num_free_seqs -= 1
+        elif num_taken:
+            survivors.pop()
+        else:
+            break
+        planned.append(candidate)
+        reach.append(floor)
+    return reach
+
+
 def arrival_key(request: Request) -> tuple[float, int]:
     return (request.arrival_time, request.arrival_seq)
 

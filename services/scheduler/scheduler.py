@@ -11,10 +11,9 @@ import itertools
 from collections import deque
 
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
-from pagedserve.services.scheduler.displacement import displacement_reach
 from pagedserve.services.scheduler.fork import ForkGroups
 from pagedserve.services.scheduler.grammar_gate import GrammarGate
-from pagedserve.services.scheduler.policy import SchedulingPolicy
+from pagedserve.services.scheduler.policy import SchedulingPolicy, displacement_reach
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_messages import (
     cached_request_data,

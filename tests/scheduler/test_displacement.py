@@ -1,10 +1,10 @@
 """displacement_reach: where each waiting request stands among the running ones (the kvstore
 preempts only those after a candidate), checked victim by victim as the tail would be taken."""
 
-from pagedserve.services.scheduler.displacement import displacement_reach
 from pagedserve.services.scheduler.policies.fair import FairPolicy
 from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.policies.priority import PriorityPolicy
+from pagedserve.services.scheduler.policy import displacement_reach
 from tests.scheduler.fakes import make_request
 
 
