@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from pagedserve.services.scheduler.alloc_forecast import differs
 from pagedserve.services.scheduler.api_routes import ApiRoutes, final_delta, request_from_submit
 from pagedserve.services.scheduler.placement import Router
 from pagedserve.services.scheduler.policies.registry import PolicyError, load_policy
@@ -133,6 +134,8 @@ class SchedulerLoop:
                 await self._plan_step(lane)
             else:
                 break
+        if lane.deferred_allocs and not lane.is_awaiting():
+            self._send_deferred(lane)
         if lane.is_awaiting() and time.monotonic() > lane.deadline:
             what = "kvstore" if lane.awaiting_alloc is not None else f"worker {lane.worker_id}"
             self._lane_failed(lane, f"{what} did not answer in {self.step_timeout_s:.0f}s")
@@ -144,7 +147,20 @@ class SchedulerLoop:
         alloc.reset, alloc.worker_id = lane.reset_kv, lane.worker_id
         lane.awaiting_alloc = alloc.step_id
         lane.touch(self.step_timeout_s)
-        self.sends.append((self.keys.kv_alloc, alloc))
+        forecast, send_deferred = lane.forecast(alloc)
+        if forecast is not None:  # planned now; the kvstore hears of it with a later request
+            lane.deferred_allocs.append(alloc)
+            lane.forecasts[alloc.step_id] = forecast
+        if send_deferred:
+            self._send_deferred(lane)
+        if forecast is not None:
+            await self._send_plan(lane, forecast)
+        else:
+            self.sends.append((self.keys.kv_alloc, alloc))
+
+    def _send_deferred(self, lane: WorkerLane) -> None:
+        self.sends += [(self.keys.kv_alloc, alloc) for alloc in lane.deferred_allocs]
+        lane.deferred_allocs.clear()
 
     async def _send_plan(self, lane: WorkerLane, reply: AllocReply) -> None:
         lane.awaiting_alloc = None
@@ -217,6 +233,13 @@ class SchedulerLoop:
                                                  reply.tier_blocks_whole)
             if reply.num_blocks:
                 lane.held_blocks = reply.num_blocks - reply.num_free_blocks
+            forecast = lane.forecasts.pop(reply.step_id, None)
+            if forecast is not None:
+                wrong = differs(forecast, reply)
+                if wrong is not None:
+                    self._lane_failed(lane, f"kvstore reply to forecast step {reply.step_id} of worker "
+                                      f"{lane.worker_id} differs: {wrong}")
+                return
         if lane.expects(kind, reply.step_id):
             lane.replies[(kind, reply.step_id)] = reply
         else:

@@ -151,6 +151,10 @@ class Scheduler:
     def num_steps_in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def pending_step(self) -> CandidateStep | None:
+        return self._pending
+
     def can_schedule(self) -> bool:
         return self._pending is None and len(self._in_flight) < self.max_steps_in_flight
 

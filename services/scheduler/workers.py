@@ -12,13 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
+from pagedserve.services.scheduler.alloc_forecast import MAX_DEFERRED_ALLOCS, forecast_reply, run_ends_next
 from pagedserve.services.scheduler.api_routes import final_delta
 from pagedserve.services.scheduler.handover import adopt, release_all
 from pagedserve.services.scheduler.placement import Candidate, Router
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.block_hash import BlockHashes, root_hash
-from pagedserve.shared.messages import KEY_BYTES, AllocReply, RequestDelta, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.messages import (
+    KEY_BYTES,
+    AllocReply,
+    AllocRequest,
+    RequestDelta,
+    StepPlan,
+    StepResult,
+    WorkerHello,
+)
 from pagedserve.shared.parallel_sampling import child_request_ids
 
 log = logging.getLogger("pagedserve.scheduler")
@@ -44,6 +53,8 @@ class WorkerLane:
     strikes: Counter[str] = field(default_factory=Counter)
     held_blocks: int = 0
     new_blocks: dict[str, int] = field(default_factory=dict)  # placed request id -> blocks not cached here
+    deferred_allocs: list[AllocRequest] = field(default_factory=list)  # forecast steps' requests, not sent yet
+    forecasts: dict[int, AllocReply] = field(default_factory=dict)  # step id -> the reply its plan assumed
 
     @property
     def worker_id(self) -> str:
@@ -67,7 +78,17 @@ class WorkerLane:
         self.awaiting_alloc = None
         self.plans.clear()
         self.replies.clear()
+        self.deferred_allocs.clear()
+        self.forecasts.clear()
         return moved
+
+    def forecast(self, alloc: AllocRequest) -> tuple[AllocReply | None, bool]:
+        """The kvstore's reply where known without asking, and whether the deferred requests go now."""
+        if self.reset_kv or len(self.deferred_allocs) >= MAX_DEFERRED_ALLOCS:
+            return None, True
+        pending = self.sched.pending_step
+        reply = forecast_reply(alloc, pending, self.sched.block_size)
+        return reply, reply is None or run_ends_next(pending, self.sched.block_size)
 
     def load_blocks(self) -> int:
         """Blocks held in its pool plus the new blocks of requests waiting here (preempted: all)."""
