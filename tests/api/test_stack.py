@@ -30,6 +30,7 @@ CHATS = [
 ]
 MAX_TOKENS = 24
 LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}  # runs until someone stops it
+RESUMED_TOKENS = 32  # compared with an uninterrupted run after a scheduler restart
 
 
 @pytest.fixture(scope="module")
@@ -198,20 +199,21 @@ def test_non_streaming_client_hanging_up_frees_blocks(stack_api, backend):
 
 
 def test_leaving_while_queued_frees_everything(stack_api, backend, tokenizer):
-    """A request that fills most of the pool runs; a second one cannot be admitted and
-    waits; its client hangs up while it is queued; then the first one's client leaves. The
-    second prompt shares no prefix with the first, so the prefix cache cannot admit it."""
-    big_prompt = tokenizer.encode("word " * 3300)[:3300]
-    other_prompt = tokenizer.encode("other " * 1500)[:1500]
+    """A request runs; a second one, larger than the blocks left (256 in all: 75 + 188 > 256),
+    cannot be admitted and waits; its client hangs up while it is queued; then the first one's
+    client leaves. The second prompt shares no prefix with the first, so the prefix cache cannot
+    admit it. The running prompt is the shorter: it is prefilled, the queued one never is."""
+    running_prompt = tokenizer.encode("word " * 1200)[:1200]
+    queued_prompt = tokenizer.encode("other " * 3000)[:3000]
 
     def hang_up_while_queued():
         with stack_api.client(timeout=httpx.Timeout(60.0, read=5.0)) as c2, pytest.raises(httpx.ReadTimeout):
-            c2.post("/v1/completions", json={"prompt": other_prompt, **LONG})
+            c2.post("/v1/completions", json={"prompt": queued_prompt, **LONG})
 
     with stack_api.client(timeout=300) as c, c.stream("POST", "/v1/completions",
-                                                      json={"prompt": big_prompt, "stream": True, **LONG}) as r:
+                                                      json={"prompt": running_prompt, "stream": True, **LONG}) as r:
         lines = r.iter_lines()
-        wait_for(lambda: next(lines).startswith("data:"), 300, "the big request to stream")
+        wait_for(lambda: next(lines).startswith("data:"), 300, "the first request to stream")
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(hang_up_while_queued)
             wait_for(lambda: backend.stats("scheduler")["num_requests_waiting"] == 1, 60, "the second to wait")
@@ -243,25 +245,29 @@ def test_metrics_after_traffic(stack_api):
 def test_scheduler_restart_resumes_in_flight_requests(stack_api, backend):
     """Kill -9 the scheduler mid-generation: the api resubmits with the tokens delivered so
     far and the new scheduler continues as an uninterrupted run does. The killed request runs
-    until aborted, so the kill lands mid-generation however fast the machine. Last in the
-    module: it restarts a back-end process."""
-    body = {"messages": CHATS[1], "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    until aborted, so the kill lands mid-generation however fast the machine; the uninterrupted
+    run is made after, as long as what the resumed one produced. Last in the module: it restarts
+    a back-end process."""
+    body = {"messages": CHATS[1], "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     with stack_api.client() as c:
         def state(request_id, done):
             current = c.get(f"/v1/requests/{request_id}").json()
             return current if done(current) else None
 
-        first = c.post("/v1/requests", json=body).json()["request_id"]
-        expected = wait_for(lambda: state(first, lambda s: s["status"] == "finished"), 300, "the uninterrupted run",
-                            interval=0.2)
-        request_id = c.post("/v1/requests", json={**body, "max_tokens": 2000}).json()["request_id"]
+        request_id = c.post("/v1/requests", json=body).json()["request_id"]
         wait_for(lambda: state(request_id, lambda s: len(s["token_ids"]) >= 5), 120, "some tokens")
         backend.kill("scheduler")
-        assert c.get(f"/v1/requests/{request_id}").json()["status"] == "running"
+        at_kill = c.get(f"/v1/requests/{request_id}").json()
+        assert at_kill["status"] == "running"
         backend.start("scheduler")
-        resumed = wait_for(lambda: state(request_id, lambda s: len(s["token_ids"]) >= 200), 300,
-                           "the resumed request's first 200 tokens", interval=0.2)
+        wanted = len(at_kill["token_ids"]) + RESUMED_TOKENS  # past the kill (but for deltas not yet read)
+        resumed = wait_for(lambda: state(request_id, lambda s: len(s["token_ids"]) >= wanted), 300,
+                           f"{RESUMED_TOKENS} tokens after the restart", interval=0.2)
         assert c.delete(f"/v1/requests/{request_id}").json()["status"] == "aborted"
-    assert expected["finish_reason"] == "length" and resumed["token_ids"][:200] == expected["token_ids"]
-    assert resumed["text"].startswith(expected["text"])
+        n = len(resumed["token_ids"])
+        first = c.post("/v1/requests", json={**body, "max_tokens": n}).json()["request_id"]
+        expected = wait_for(lambda: state(first, lambda s: s["status"] == "finished"), 300, "the uninterrupted run",
+                            interval=0.2)
+    assert expected["finish_reason"] == "length" and resumed["token_ids"] == expected["token_ids"]
+    assert expected["text"].startswith(resumed["text"])
     _wait_clean(backend)
