@@ -2,7 +2,7 @@
 POST /v1/completions from the route to the worker and back: the count a reader of one
 request's path meets. Any checkout can be measured the same way (point PYTHONPATH at it).
 
-    python3 scripts/stack_request_modules.py [--model smollm2] [--port 8031] [--stream]
+    python3 scripts/stack_request_modules.py [--model smollm2] [--port 8031] [--stream] [--entries]
 
 It starts `pagedserve up` with a sitecustomize on PYTHONPATH that installs a profile hook in
 every process (off until SIGUSR1, dumped on SIGUSR2), warms the stack with one request, then
