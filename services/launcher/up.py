@@ -21,6 +21,7 @@ import httpx
 from pagedserve.services.gpu_worker.startup import last_phase
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from pagedserve.services.launcher.restart_policy import RESTART_CAP_S, RESTART_FIRST_S, WINDOW_S, RestartPolicy
 from pagedserve.services.launcher.restart_stats import RestartStats
 from pagedserve.services.launcher.supervisor import Child, Supervisor
 from pagedserve.shared.config import (
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=os.environ.get("PAGEDSERVE_LOG_LEVEL") or "info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /ready (default 180)")
+    parser.add_argument("--restart-delay", type=float, default=RESTART_FIRST_S,
+                        help=f"seconds before restarting a dead child, doubled for each death within "
+                             f"{WINDOW_S:.0f} s up to {RESTART_CAP_S:.0f} s (default {RESTART_FIRST_S})")
     add_policy_arguments(parser)
     for name, what in (("--max-prompt-tokens", "prompt tokens"), ("--max-output-tokens", "max_tokens")):
         parser.add_argument(name, type=int, default=None, help=f"per-request limit on {what} (400 past it)")
@@ -86,6 +90,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--prefix={args.prefix!r}: must be non-empty without spaces")
     if args.ready_timeout <= 0:
         raise ConfigError(f"--ready-timeout={args.ready_timeout}: must be > 0")
+    if not 0 < args.restart_delay <= RESTART_CAP_S:
+        raise ConfigError(f"--restart-delay={args.restart_delay}: must be in (0, {RESTART_CAP_S}]")
     if getattr(args, "api_replicas", 1) < 1:
         raise ConfigError(f"--api-replicas={args.api_replicas}: must be at least 1")
     for option in ("workers", "threads_per_worker"):
@@ -226,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    sup = Supervisor()
+    sup = Supervisor(policy=lambda: RestartPolicy(first_s=args.restart_delay))
     embedded: EmbeddedRedis | None = None
     try:
         redis_url = os.environ.get("REDIS_URL")

@@ -43,6 +43,8 @@ def test_the_token_budget_and_the_long_prefill_threshold_reach_the_scheduler():
     (["--stream-interval", "0"], "--stream-interval"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold"),
+    (["--restart-delay", "0"], "--restart-delay"),
+    (["--restart-delay", "31"], "--restart-delay"),
 ])
 def test_bad_policy_config_fails_before_start_naming_the_field(argv, named):
     with pytest.raises(ConfigError, match=named):

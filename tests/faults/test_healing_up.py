@@ -44,7 +44,7 @@ class Up:
         self.log_path = tmp_path / "up.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
         argv = [*pagedserve_argv(), "up", "--dtype", "float32", "--num-blocks", "256", "--port", str(port),
-                "--prefix", self.prefix, "--ready-timeout", str(START_TIMEOUT_S)]
+                "--prefix", self.prefix, "--ready-timeout", str(START_TIMEOUT_S), "--restart-delay", "0.05"]
         self.proc = subprocess.Popen(argv, env=base_env(REDIS_URL=REDIS_URL, PAGEDSERVE_CHECK_INTEGRITY="1"),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.redis = redis.Redis.from_url(REDIS_URL)
