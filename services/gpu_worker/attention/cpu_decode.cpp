@@ -15,12 +15,10 @@
 //                                      after its values (kv_quant.py, KvRow), dequantized here
 //   block_tables [R, max_blocks] int32 seq_lens [R] int32   token_idx [R] int64
 // Arithmetic is float32 whatever the storage: bf16 is widened on load (a 16-bit shift) and
-// the output rounded to nearest-even once at the end. The AVX-512 paths hand requests out
+// the output rounded to nearest-even once at the end (the bf16 walk rounds PV's weights too). The AVX-512 paths hand requests out
 // longest first, one at a time (WorkQueue); each writes only its own rows of out (or its
 // slice's partials), so threads share nothing but the queue's counter.
-// Memory bounds a decode step (a layer's KV is out of cache, blocks lie anywhere), so the bf16
-// path prefetches the block two ahead into L2, a few lines per token of the PV loop (a burst
-// per block stalls on the miss queue).
+// bf16 pools on AVX-512 BF16 take cpu_decode_bf16.h's walk (vdpbf16ps for QK and PV).
 // Built with -ffast-math so the exp loop vectorises; every value stays finite (kNoScore,
 // not -inf), as fast-math requires.
 #include <torch/extension.h>
@@ -28,160 +26,11 @@
 
 #include "cpu_decode_work.h"
 #include "cpu_decode_simd.h"
+#include "cpu_decode_bf16.h"
 #include "cpu_decode_int8.h"
 #include "cpu_decode_int8_avx512.h"
 
 namespace {
-
-#if defined(__AVX512BF16__)
-// bf16 pool on a CPU with AVX-512 BF16, D = 32 * DW, block_size a multiple of 16.
-// QK: vdpbf16ps on the stored bf16 query and K rows (no widening), 16 tokens' dot products
-// reduced together by Vec16::sum_lanes, then scaled in fp32. PV: each V row of 32 bf16 is widened as
-// its even and odd elements (a shift and a mask, no lane crossing), so the accumulators hold
-// the output split by parity, put back in order once per request at the end.
-template <int DW, int G>
-void decode_avx512_bf16(c10::BFloat16* o, const c10::BFloat16* q, const c10::BFloat16* k_pool,
-                        const c10::BFloat16* v_pool, const int32_t* tables, const int32_t* lens, const int64_t* rows,
-                        int64_t num_reqs, int64_t q_stride, int64_t Hkv, int64_t BS, int64_t max_blocks, float scale) {
-  constexpr int64_t D = 32 * DW;
-  const int64_t H = Hkv * G;
-  const int64_t token_stride = Hkv * D;
-  const int64_t block_elems = BS * token_stride;
-  WorkQueue queue(lens, num_reqs, BS);
-  Partials partials(queue.num_parts(), H, D);
-  on_every_thread([&] {
-    // acc [H, D] in parity order: per 32-element word w, 16 even then 16 odd elements
-    std::vector<float> acc(H * D), p(G * BS), m(H), l(H);
-    const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    const __m512 no_score = _mm512_set1_ps(kNoScore);
-    for (WorkItem item; queue.next(item);) {
-      const int64_t r = item.r;
-      const c10::BFloat16* q_rows = q + rows[r] * q_stride;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kNoScore);
-      std::fill(l.begin(), l.end(), 0.f);
-      const int64_t len = lens[r];
-      const int32_t* table = tables + r * max_blocks;
-      constexpr int64_t PF = 2;
-      for (int64_t b = item.begin; b < std::min(item.begin + PF - 1, item.end); ++b)
-        for (int64_t off = 0; off < block_elems * 2; off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(k_pool + table[b] * block_elems) + off, _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(v_pool + table[b] * block_elems) + off, _MM_HINT_T1);
-        }
-      for (int64_t b = item.begin; b < item.end; ++b) {
-        const int64_t num_tokens = std::min(BS, len - b * BS);
-        const c10::BFloat16* k_block = k_pool + table[b] * block_elems;
-        const c10::BFloat16* v_block = v_pool + table[b] * block_elems;
-        const bool pf = b + PF < item.end;
-        const char* k_next = pf ? reinterpret_cast<const char*>(k_pool + table[b + PF] * block_elems) : nullptr;
-        const char* v_next = pf ? reinterpret_cast<const char*>(v_pool + table[b + PF] * block_elems) : nullptr;
-        const int64_t block_bytes = block_elems * 2;
-        for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
-          const int64_t head_bytes = block_bytes / Hkv, pf_base = kv_head * head_bytes;
-          const int64_t pf_step = (head_bytes / num_tokens + 63) / 64 * 64;
-          const int64_t h0 = kv_head * G;
-          for (int g = 0; g < G; ++g) {
-            __m512bh qw[DW];
-            for (int w = 0; w < DW; ++w)
-              qw[w] = (__m512bh)_mm512_loadu_si512(q_rows + (h0 + g) * D + 32 * w);
-            for (int64_t t0 = 0; t0 < num_tokens; t0 += 16) {
-              const int64_t n = std::min<int64_t>(16, num_tokens - t0);
-              __m512 part[16];
-              for (int64_t t = 0; t < 16; ++t) {
-                part[t] = _mm512_setzero_ps();
-                if (t < n) {
-                  const c10::BFloat16* k_row = k_block + (t0 + t) * token_stride + kv_head * D;
-                  for (int w = 0; w < DW; ++w)
-                    part[t] = _mm512_dpbf16_ps(part[t], qw[w], (__m512bh)_mm512_loadu_si512(k_row + 32 * w));
-                }
-              }
-              __m512 s = _mm512_mul_ps(Vec16::sum_lanes(part), _mm512_set1_ps(scale));
-              s = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1u), no_score, s);
-              _mm512_storeu_ps(p.data() + g * BS + t0, s);
-            }
-          }
-          __m512 a[G][2 * DW];
-          for (int g = 0; g < G; ++g) {
-            const float correction = softmax_block(p.data() + g * BS, num_tokens, m[h0 + g], l[h0 + g]);
-            const __m512 c = _mm512_set1_ps(correction);
-            for (int i = 0; i < 2 * DW; ++i)
-              a[g][i] = _mm512_mul_ps(c, _mm512_loadu_ps(acc.data() + (h0 + g) * D + 16 * i));
-          }
-          for (int64_t t = 0; t < num_tokens; ++t) {
-            if (pf) {  // spread over the PV loop: a few lines of the block ahead per token
-              for (int64_t off = pf_base + t * pf_step; off < std::min(pf_base + (t + 1) * pf_step, pf_base + head_bytes); off += 64) {
-                _mm_prefetch(k_next + off, _MM_HINT_T1);
-                _mm_prefetch(v_next + off, _MM_HINT_T1);
-              }
-            }
-            const c10::BFloat16* v_row = v_block + t * token_stride + kv_head * D;
-            __m512 vt[2 * DW];
-            for (int w = 0; w < DW; ++w) {
-              const __m512i raw = _mm512_loadu_si512(v_row + 32 * w);
-              vt[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));           // even elements
-              vt[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, odd_mask));  // odd elements
-            }
-            for (int g = 0; g < G; ++g) {
-              const __m512 wt = _mm512_set1_ps(p[g * BS + t]);
-              for (int i = 0; i < 2 * DW; ++i) a[g][i] = _mm512_fmadd_ps(wt, vt[i], a[g][i]);
-            }
-          }
-          for (int g = 0; g < G; ++g)
-            for (int i = 0; i < 2 * DW; ++i) _mm512_storeu_ps(acc.data() + (h0 + g) * D + 16 * i, a[g][i]);
-        }
-      }
-      if (item.part >= 0) {  // the slice's acc in natural order
-        float* part_acc = partials.acc(item.part);
-        for (int64_t j = 0; j < H; ++j)
-          for (int64_t w = 0; w < DW; ++w)
-            for (int64_t i = 0; i < 16; ++i) {
-              part_acc[j * D + 32 * w + 2 * i] = acc[j * D + 32 * w + i];
-              part_acc[j * D + 32 * w + 2 * i + 1] = acc[j * D + 32 * w + 16 + i];
-            }
-        partials.store_ml(item.part, m, l);
-        continue;
-      }
-      c10::BFloat16* out_rows = o + rows[r] * H * D;
-      for (int64_t j = 0; j < H; ++j) {
-        const float inv = len > 0 ? 1.f / l[j] : 0.f;
-        const float* aj = acc.data() + j * D;
-        for (int64_t w = 0; w < DW; ++w)
-          for (int64_t i = 0; i < 16; ++i) {
-            out_rows[j * D + 32 * w + 2 * i] = narrow<c10::BFloat16>(aj[32 * w + i] * inv);
-            out_rows[j * D + 32 * w + 2 * i + 1] = narrow<c10::BFloat16>(aj[32 * w + 16 + i] * inv);
-          }
-      }
-    }
-  });
-  partials.merge(queue, o, rows);
-}
-
-using DecodeBf16Fn = void (*)(c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
-                              const int32_t*, const int32_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                              int64_t, float);
-
-template <int DW>
-DecodeBf16Fn pick_bf16_group(int64_t G) {
-  switch (G) {
-    case 1: return decode_avx512_bf16<DW, 1>;
-    case 2: return decode_avx512_bf16<DW, 2>;
-    case 3: return decode_avx512_bf16<DW, 3>;
-    case 4: return decode_avx512_bf16<DW, 4>;
-    case 5: return decode_avx512_bf16<DW, 5>;
-    case 6: return decode_avx512_bf16<DW, 6>;
-    case 7: return decode_avx512_bf16<DW, 7>;
-    case 8: return decode_avx512_bf16<DW, 8>;
-    default: return nullptr;
-  }
-}
-
-inline DecodeBf16Fn pick_avx512_bf16(int64_t D, int64_t G, int64_t BS) {
-  if (BS % 16 != 0) return nullptr;
-  if (D == 64) return pick_bf16_group<2>(G);
-  if (D == 128) return pick_bf16_group<4>(G);
-  return nullptr;
-}
-#endif
 
 template <typename scalar_t, typename kv_t>
 void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,

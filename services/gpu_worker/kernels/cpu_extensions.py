@@ -23,9 +23,9 @@ SOURCES = {"decode": ATTENTION / "cpu_decode.cpp", "prefill": ATTENTION / "cpu_p
            "gemv_f32": HERE / "cpu_gemv_f32.cpp", "head_argmax": HERE / "cpu_head_argmax.cpp",
            "sample": HERE / "cpu_sample.cpp"}
 # torch rebuilds on a source or compile-line change only, so these headers' hash goes on the compile line
-HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_simd.h",
-                      ATTENTION / "cpu_decode_int8.h", ATTENTION / "cpu_decode_int8_avx512.h",
-                      ATTENTION / "cpu_kv_int8.h"],
+HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_bf16.h",
+                      ATTENTION / "cpu_decode_simd.h", ATTENTION / "cpu_decode_int8.h",
+                      ATTENTION / "cpu_decode_int8_avx512.h", ATTENTION / "cpu_kv_int8.h"],
            "prefill": [ATTENTION / "cpu_kv_int8.h", ATTENTION / "cpu_prefill_layout.h"],
            "fused": [ATTENTION / "cpu_kv_int8.h"],
            "gemv": [HERE / "cpu_tiling.h", HERE / "cpu_gemv_amx.h"], "gemv_f32": [HERE / "cpu_tiling.h"]}
