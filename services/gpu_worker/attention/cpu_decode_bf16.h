@@ -1,11 +1,11 @@
 // cpu_decode.cpp's walk over bf16 pools on CPUs with AVX-512 BF16, D = 32 * DW, block_size a
 // multiple of 16. A request's blocks are walked in order, per KV head 16 tokens at a time (a chunk):
-// QK with vdpbf16ps on the stored query and K rows, 16 tokens' dot products reduced together by
-// Vec16::sum_lanes; the chunk's online-softmax update in registers; then PV with vdpbf16ps too, two
-// tokens per instruction: the weights rounded to bf16 (as torch's CPU flash attention does for bf16)
-// and two V rows interleaved by vpunpck{l,h}wd, so the accumulators hold the output in that
-// interleaved order (unpermuted once per request). The block kAhead on is prefetched into L2 row
-// by row during the QK loop (a burst per block stalls on the miss queue).
+// QK with vdpbf16ps on the stored query and K rows (scores_lane_heads or scores_per_head); the
+// chunk's online-softmax update in registers; then PV with vdpbf16ps too, two tokens per
+// instruction: the weights rounded to bf16 (as torch's CPU flash attention does for bf16) and two V
+// rows interleaved by vpunpck{l,h}wd, so the accumulators hold the output in that interleaved order
+// (unpermuted once per request). The block kAhead on is prefetched into L2 two rows per PV step (a
+// burst per chunk stalls on the miss queue).
 #pragma once
 #include "cpu_decode_simd.h"
 
@@ -107,12 +107,6 @@ inline void decode_chunk(const c10::BFloat16* k, const c10::BFloat16* v, const c
                          float scale, float* acc, float* m, float* l) {
   constexpr int64_t D = 32 * DW;
   const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
-  if (k_ahead != nullptr)
-    for (int64_t t = 0; t < n; ++t)
-      for (int w = 0; w < DW; ++w) {
-        _mm_prefetch(reinterpret_cast<const char*>(k_ahead + t * stride + 32 * w), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(v_ahead + t * stride + 32 * w), _MM_HINT_T1);
-      }
   __m512 s[G];
   if constexpr (kLaneHeads<G>) scores_lane_heads<DW, G>(k, n, stride, q, s);
   else scores_per_head<DW, G>(k, n, stride, q, s);
@@ -134,6 +128,12 @@ inline void decode_chunk(const c10::BFloat16* k, const c10::BFloat16* v, const c
   for (int64_t pair = 0; 2 * pair < n; ++pair) {
     const c10::BFloat16* row = v + 2 * pair * stride;
     const bool second = 2 * pair + 1 < n;
+    if (k_ahead != nullptr)  // a full chunk: its two rows kAhead blocks on
+      for (int64_t x = 2 * pair * stride; x < (2 * pair + 2) * stride; x += stride)
+        for (int w = 0; w < DW; ++w) {
+          _mm_prefetch(reinterpret_cast<const char*>(k_ahead + x + 32 * w), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(v_ahead + x + 32 * w), _MM_HINT_T1);
+        }
     __m512i vp[2 * DW];
     for (int w = 0; w < DW; ++w) {
       const __m512i x0 = _mm512_loadu_si512(row + 32 * w);
