@@ -215,8 +215,17 @@ def test_the_cpu_kernel_decodes_in_one_call_without_buckets(dtype):
     backend = TorchPagedBackend(use_kernel=True)
     check_against_reference(backend, meta, cache, q, k, v)
     plan = backend._plan
-    assert plan.decodes == [] and plan.kernel_decodes.token_idx.tolist() == [0, 1]
-    assert plan.kernel_decodes.seq_lens.tolist() == [40, 3] and len(plan.prefills) == 1
+    assert plan.decodes == [] and plan.kernel_decodes.token_idx.tolist() == [0, 1, 2, 3, 4, 5]
+    assert plan.kernel_decodes.seq_lens.tolist() == [40, 3, 6, 7, 8, 9] and plan.prefills == []
+
+
+def test_a_query_longer_than_verify_rows_stays_a_prefill():
+    q_len = torch_paged.VERIFY_MAX_ROWS + 1
+    meta, cache, q, k, v = make_step([(1, 40), (q_len, q_len + 5)], block_size=4, num_heads=6, num_kv_heads=2,
+                                     head_dim=16, dtype=torch.float32, seed=8)
+    backend = TorchPagedBackend(use_kernel=True)
+    check_against_reference(backend, meta, cache, q, k, v)
+    assert backend._plan.kernel_decodes.token_idx.tolist() == [0] and len(backend._plan.prefills) == 1
 
 
 @pytest.fixture

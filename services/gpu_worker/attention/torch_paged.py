@@ -15,6 +15,7 @@ from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
 # A new decode bucket opens once the next request would add more padded key positions than this.
 PAD_TOKENS_PER_CALL = 64
+VERIFY_MAX_ROWS = 16
 
 
 @dataclass
@@ -27,9 +28,9 @@ class _DecodeBucket:
 
 @dataclass
 class _KernelDecodes:
-    token_idx: torch.Tensor  # int64 [R]
+    token_idx: torch.Tensor  # int64 [R]: decodes, and each token of queries up to VERIFY_MAX_ROWS long
     block_tables: torch.Tensor  # int32 [R, max_blocks], contiguous
-    seq_lens: torch.Tensor  # int32 [R]
+    seq_lens: torch.Tensor  # int32 [R]: such a query's row r sees s - q + r + 1 positions (causal)
 
 
 @dataclass
@@ -95,12 +96,13 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
     decodes, prefills, rows = [], [], 1
     decode_reqs = [i for i, q in enumerate(q_lens) if q == 1]
     kernel_decodes = None
-    if use_kernel and decode_reqs:
-        idx = torch.tensor(decode_reqs, dtype=torch.int64)
+    row_reqs = [i for i, q in enumerate(q_lens) if q <= VERIFY_MAX_ROWS] if use_kernel else []
+    if row_reqs:
+        row_of = [(i, r) for i in row_reqs for r in range(q_lens[i])]
         kernel_decodes = _KernelDecodes(
-            token_idx=torch.tensor([starts[i] for i in decode_reqs], dtype=torch.int64),
-            block_tables=meta.block_tables.index_select(0, idx).contiguous(),
-            seq_lens=torch.tensor([s_lens[i] for i in decode_reqs], dtype=torch.int32))
+            token_idx=torch.tensor([starts[i] + r for i, r in row_of], dtype=torch.int64),
+            block_tables=meta.block_tables.index_select(0, torch.tensor([i for i, _ in row_of])).contiguous(),
+            seq_lens=torch.tensor([s_lens[i] - q_lens[i] + r + 1 for i, r in row_of], dtype=torch.int32))
         decode_reqs = []
     for bucket in _bucket_decodes(decode_reqs, s_lens, block_size):
         nb = _blocks_for(max(s_lens[i] for i in bucket), block_size)
@@ -115,7 +117,7 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
         ))
         rows = max(rows, len(bucket) * nb)
     kernel_prefills = None
-    prefill_reqs = [i for i, q in enumerate(q_lens) if q > 1]
+    prefill_reqs = [i for i, q in enumerate(q_lens) if q > (VERIFY_MAX_ROWS if use_kernel else 1)]
     if use_prefill_kernel and prefill_reqs:
         idx = torch.tensor(prefill_reqs, dtype=torch.int64)
         kernel_prefills = _KernelPrefills(

@@ -21,7 +21,7 @@ PACK_BATCH_HINT = 64
 BF16_Q8_MAX_ROWS = 2
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
 F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for all rows (linear_many)
-F32_FEW_ROWS_AMX = 8  # Q4_1's F32_FEW_ROWS on an AMX Xeon: reading blocks per row stays ahead to 8 rows
+F32_FEW_ROWS_AVX512 = 8  # Q4_1's F32_FEW_ROWS with AVX-512 BF16 (AMX Xeon, Zen 4): blocks per row stay ahead to 8
 AMX_MIN_ROWS = 2  # bf16 rows from this (and past the Q8_0 rows) take AMX tiles: one row stays on AVX-512
 
 
@@ -62,9 +62,9 @@ def small_m_kernel(weight: torch.Tensor):
 
 @functools.cache
 def f32_few_rows() -> int:
-    """Q4_1's F32_FEW_ROWS: F32_FEW_ROWS_AMX on a CPU (and OS) with AMX."""
+    """Q4_1's F32_FEW_ROWS: F32_FEW_ROWS_AVX512 on a CPU with AVX-512 BF16 (verification steps of up to 8 rows)."""
     module = cpu_extensions.load("gemv")
-    return F32_FEW_ROWS_AMX if module is not None and module.supported() and module.max_amx_rows() else F32_FEW_ROWS
+    return F32_FEW_ROWS_AVX512 if module is not None and module.supported() else F32_FEW_ROWS
 
 
 def amx_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
