@@ -15,7 +15,7 @@ from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
 # A new decode bucket opens once the next request would add more padded key positions than this.
 PAD_TOKENS_PER_CALL = 64
-VERIFY_MAX_ROWS = 16
+VERIFY_MAX_ROWS = 8
 
 
 @dataclass
