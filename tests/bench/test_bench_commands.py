@@ -1,52 +1,54 @@
-"""The in-process benchmark commands run end to end on the real model (tiny sizes; no
-timing is asserted, only that they complete, count exactly and write their JSON)."""
+"""The in-process benchmark commands run end to end on the real model, called in this process as
+`pagedserve bench` would be (tiny sizes; no timing is asserted, only that they complete, count
+exactly and write their JSON)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from pagedserve.services.cli import main
+
 pytestmark = pytest.mark.slow
 
 
-def _bench(*argv: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "bench", *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+def _bench(capsys, *argv: str) -> str:
+    """Runs `pagedserve bench ARGV` in this process (its output is what is checked, and torch and
+    the model's imports are paid once); its exit code must be 0; returns what it printed."""
+    capsys.readouterr()
+    code = main(["bench", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    return out
 
 
-def test_throughput_on_a_json_workload(tmp_path):
+def test_throughput_on_a_json_workload(tmp_path, capsys):
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps([{"prompt_token_ids": [500 + i for i in range(n)], "max_tokens": m}
                                     for n, m in [(9, 3), (30, 5), (17, 1)]]))
     out = tmp_path / "r.json"
-    _bench("throughput", "--workload", str(workload), "--dtype", "float32", "--output", str(out))
+    _bench(capsys, "throughput", "--workload", str(workload), "--dtype", "float32", "--output", str(out))
     (result,) = json.loads(out.read_text())
     assert result["system"] == "pagedserve-inprocess"
     assert (result["output_tokens"], result["prompt_tokens"], result["num_requests"]) == (9, 56, 3)
     assert result["ttft_p50_ms"] > 0 and result["itl_p50_ms"] > 0
 
 
-def test_latency_in_process(tmp_path):
+def test_latency_in_process(tmp_path, capsys):
     out = tmp_path / "r.json"
-    proc = _bench("latency", "--prompt-len", "20", "--output-len", "4", "--repeat", "2", "--dtype", "float32",
-                  "--output", str(out))
+    stdout = _bench(capsys, "latency", "--prompt-len", "20", "--output-len", "4", "--repeat", "2", "--dtype",
+                    "float32", "--output", str(out))
     (result,) = json.loads(out.read_text())
     assert result["runs"] == 2 and result["prompt_len"] == 20
     assert 0 < result["ttft_min_ms"] <= result["ttft_median_ms"]
     assert 0 < result["per_token_min_ms"] <= result["per_token_median_ms"]
-    assert "per_token_median_ms" in proc.stdout
+    assert "per_token_median_ms" in stdout
 
 
-def test_latency_times_verification_steps_against_a_plain_one(tmp_path):
+def test_latency_times_verification_steps_against_a_plain_one(tmp_path, capsys):
     out = tmp_path / "r.json"
-    _bench("latency", "--prompt-len", "20", "--output-len", "5", "--repeat", "1", "--dtype", "float32",
+    _bench(capsys, "latency", "--prompt-len", "20", "--output-len", "5", "--repeat", "1", "--dtype", "float32",
            "--draft-tokens", "3,1", "--output", str(out))
     results = json.loads(out.read_text())
     assert [r["draft_tokens"] for r in results] == [0, 1, 3]
@@ -55,14 +57,14 @@ def test_latency_times_verification_steps_against_a_plain_one(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
+def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, capsys, dtype):
     from pagedserve.services.gpu_worker.kernels import cpu_extensions
 
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps([{"prompt_token_ids": [600 + i for i in range(n)], "max_tokens": 6}
                                     for n in (12, 40)]))
     out = tmp_path / "p.json"
-    proc = _bench("profile", "--workload", str(workload), "--dtype", dtype, "--skip-steps", "2", "--steps", "3",
+    stdout = _bench(capsys, "profile", "--workload", str(workload), "--dtype", dtype, "--skip-steps", "2", "--steps", "3",
                   "--output", str(out))
     report = json.loads(out.read_text())
     assert report["num_running"] == 2 and report["step_ms"] > 0
@@ -74,4 +76,4 @@ def test_profile_lists_the_step_and_the_cpu_kernels(tmp_path, dtype):
         assert kernel["calls_per_step"] == 30  # SmolLM2's layers
     if dtype == "bfloat16" and cpu_extensions.load("fused") is not None:
         assert "fused.silu_and_mul" in names
-    assert "ms per step" in proc.stdout
+    assert "ms per step" in stdout
