@@ -8,7 +8,10 @@ A failing test gets the api's log (and the back-end's) in its report.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -87,6 +90,19 @@ class ApiProcess:
     def close(self) -> None:
         stop_process(self.proc, 30)
         self.redis.close()
+
+
+@contextlib.contextmanager
+def hanging_call(api, path: str, body: dict):
+    """A POST of body to path of api (an ApiProcess or a ServedApi) on a socket of its own, its answer
+    never read: the client hangs up (closes the connection) when the block ends, whatever the
+    request's state then."""
+    payload = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in {
+        "Host": "127.0.0.1", "Content-Type": "application/json", "Content-Length": len(payload), **api.headers}.items())
+    with socket.create_connection(("127.0.0.1", api.port), timeout=60) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + payload)
+        yield sock
 
 
 def _delete_prefix(prefix: str) -> None:

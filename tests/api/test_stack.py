@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import websockets
 
 from pagedserve.shared.messages import SamplingParams
+from tests.api.conftest import hanging_call
 from tests.api.test_inputs import BAD_BODIES
 from tests.services.conftest import wait_for
 
@@ -187,14 +187,8 @@ def test_dropping_an_sse_stream_frees_blocks(stack_api, backend):
 
 
 def test_non_streaming_client_hanging_up_frees_blocks(stack_api, backend):
-    def hang_up():
-        with stack_api.client(timeout=httpx.Timeout(60.0, read=5.0)) as c, pytest.raises(httpx.ReadTimeout):
-            c.post("/v1/completions", json={"prompt": "Once upon a time", **LONG})
-
-    with ThreadPoolExecutor(1) as pool:
-        call = pool.submit(hang_up)
-        _wait_holding(backend)  # it runs while the client waits...
-        call.result(timeout=60)  # ...then the client gives up
+    with hanging_call(stack_api, "/v1/completions", {"prompt": "Once upon a time", **LONG}):
+        _wait_holding(backend)  # it runs while the client waits, then the client hangs up
     _wait_clean(backend)
 
 
@@ -206,18 +200,12 @@ def test_leaving_while_queued_frees_everything(stack_api, backend, tokenizer):
     running_prompt = tokenizer.encode("word " * 1200)[:1200]
     queued_prompt = tokenizer.encode("other " * 3000)[:3000]
 
-    def hang_up_while_queued():
-        with stack_api.client(timeout=httpx.Timeout(60.0, read=5.0)) as c2, pytest.raises(httpx.ReadTimeout):
-            c2.post("/v1/completions", json={"prompt": queued_prompt, **LONG})
-
     with stack_api.client(timeout=300) as c, c.stream("POST", "/v1/completions",
                                                       json={"prompt": running_prompt, "stream": True, **LONG}) as r:
         lines = r.iter_lines()
         wait_for(lambda: next(lines).startswith("data:"), 300, "the first request to stream")
-        with ThreadPoolExecutor(1) as pool:
-            queued = pool.submit(hang_up_while_queued)
+        with hanging_call(stack_api, "/v1/completions", {"prompt": queued_prompt, **LONG}):  # hangs up queued
             wait_for(lambda: backend.stats("scheduler")["num_requests_waiting"] == 1, 60, "the second to wait")
-            queued.result(timeout=60)
         wait_for(lambda: backend.stats("scheduler")["num_requests_waiting"] == 0, 60, "the queued one to be gone")
         assert backend.stats("scheduler")["num_requests_running"] == 1
     _wait_clean(backend)
