@@ -1,7 +1,7 @@
 """`pagedserve up --workers 2 --router round-robin` with the offload tier, end to end (float32):
-a 2,000-token prefix computed on one worker is loaded, not computed, by the other, which
-reports cached_tokens of at least 1,984 (every full block but the one holding the last token)
-and gives the same greedy text; after a kill -9 of a worker while 8 requests of 1,500-token prompts
+a 1,000-token prefix computed on one worker is loaded, not computed, by the other, which
+reports cached_tokens of at least 984 (every full block but the one holding the last token)
+and gives the same greedy text; after a kill -9 of a worker while 8 requests of 500-token prompts
 generate, its requests resume elsewhere from their blocks in the tier (each recomputes at most one
 block, a counter shows it) with the text of a fault-free run, and no block or pin is leaked."""
 
@@ -27,8 +27,8 @@ from tests.waiting import stop_process
 
 pytestmark = pytest.mark.slow
 
-PREFIX_TOKENS = 2000
-MOVED_PROMPT_TOKENS = 1500
+PREFIX_TOKENS = 1000
+MOVED_PROMPT_TOKENS = 500
 MOVED_OUTPUT_TOKENS = 48
 
 
@@ -37,10 +37,10 @@ def up(tmp_path_factory):
     prefix, port = f"test-{uuid.uuid4().hex[:12]}", free_port()
     log_path = tmp_path_factory.mktemp("tier-two-workers") / "up.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
-    # 900 blocks: the survivor holds all 8 of the kill test's requests (about 96 blocks each);
+    # 400 blocks: the survivor holds all 8 of the kill test's requests (35 blocks each);
     # 512-token steps and a long step timeout: a slow shared machine must not reset the workers
     argv = [*pagedserve_argv(), "up", "--workers", "2", "--router", "round-robin", "--dtype", "float32",
-            "--num-blocks", "900", "--max-num-batched-tokens", "512", "--step-timeout", "300", "--port", str(port), "--prefix", prefix, "--ready-timeout", str(START_TIMEOUT_S)]
+            "--num-blocks", "400", "--max-num-batched-tokens", "512", "--step-timeout", "300", "--port", str(port), "--prefix", prefix, "--ready-timeout", str(START_TIMEOUT_S)]
     proc = subprocess.Popen(argv, env=base_env(REDIS_URL=REDIS_URL, PAGEDSERVE_CHECK_INTEGRITY="1"), stdout=log,
                             stderr=subprocess.STDOUT)
 
@@ -87,7 +87,7 @@ def stats(keys: Keys, service: str) -> dict:
 
 
 def test_kill_9_of_a_worker_resumes_its_requests_from_the_tier(up):
-    """8 requests of 1,500-token prompts, 4 on each worker; one worker is killed while all 8 are
+    """8 requests of 500-token prompts, 4 on each worker; one worker is killed while all 8 are
     generating. Each of its requests resumes on the survivor recomputing at most one block, under
     async scheduling (the default): a block that fills before the kvstore knows its last token is
     hashed and written by the worker (a tier fill), and no token after it is known before it is."""
