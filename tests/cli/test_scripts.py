@@ -4,6 +4,7 @@ pip commands (nothing is installed), chromium left out and the kernels switched 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -13,12 +14,13 @@ import tomllib
 from tests.cli.helpers import REPO
 
 
-def _install(*args: str) -> list[str]:
+@functools.cache  # what a run prints depends on its arguments alone: tests asking the same share one run
+def _install(*args: str) -> tuple[str, ...]:
     env = {**os.environ, "PIP": "echo pip", "PAGEDSERVE_CPU_KERNELS": "0", "INSTALL_CHROMIUM": "0"}
     out = subprocess.run(["bash", "scripts/install.sh", *args], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout.splitlines()
+    return tuple(out.stdout.splitlines())
 
 
 def test_serving_install_has_no_test_extras():
