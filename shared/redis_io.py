@@ -26,6 +26,7 @@ import redis.exceptions
 from pagedserve.shared.codec import CodecError, pack, unpack
 from pagedserve.shared.config import ConfigError
 from pagedserve.shared.redis_connect import async_client
+from pagedserve.shared.redis_fast import execute, fast_client, streams_reply, xreadgroup
 from pagedserve.shared.streams import DEFAULT_PREFIX, FIELD, HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Keys
 
 log = logging.getLogger("pagedserve.redis")
@@ -88,8 +89,19 @@ async def ensure_group(r: aioredis.Redis, stream: str, group: str, skip_backlog:
             await r.xgroup_setid(stream, group, "$")
 
 
+def _xadd_of(stream: str, message: Any, maxlen: int = DEFAULT_MAXLEN) -> tuple:
+    return "XADD", stream, "MAXLEN", "~", maxlen, "*", FIELD, pack(message)
+
+
 async def send(r: aioredis.Redis, stream: str, message: Any, maxlen: int = DEFAULT_MAXLEN) -> bytes:
-    return await r.xadd(stream, {FIELD: pack(message)}, maxlen=maxlen, approximate=True)
+    return _raised(await execute(r, [_xadd_of(stream, message, maxlen)]))[0]
+
+
+def _raised(replies: list) -> list:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _pipeline(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]):
@@ -102,7 +114,7 @@ def _pipeline(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]):
 async def send_all(r: aioredis.Redis, sends: Sequence[tuple[str, Any]]) -> None:
     """(stream, message) pairs sent in order, in one round trip."""
     if sends:
-        await _pipeline(r, sends).execute()
+        _raised(await execute(r, [_xadd_of(stream, message) for stream, message in sends]))
 
 
 class SendFailed(redis.exceptions.RedisError):
@@ -144,8 +156,17 @@ async def read_group(r: aioredis.Redis, group: str, consumer: str, streams: Mapp
     first in the same round trip (a step's one message per hop, no round trip of its own)."""
     ids, block = {s: "0" if pending else ">" for s in streams}, None if pending else block_ms
     failed = None
+    fast = fast_client(r)
     try:
-        if sends:
+        if fast is not None:
+            *sent, reply = await fast.call([*(_xadd_of(stream, message) for stream, message in sends),
+                                            xreadgroup(group, consumer, ids, count, block, noack)],
+                                           (block or 0) / 1000)
+            failed = next((x for x in sent if isinstance(x, Exception)), None)
+            if isinstance(reply, Exception):
+                raise failed or reply
+            reply = streams_reply(reply)
+        elif sends:
             pipe = _pipeline(r, sends)
             pipe.xreadgroup(group, consumer, ids, count=count, block=block, noack=noack)
             *sent, reply = await pipe.execute(raise_on_error=False)

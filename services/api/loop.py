@@ -20,7 +20,7 @@ from pagedserve.services.api.generation import Generation, Output
 from pagedserve.services.api.live_table import LiveTable, record_id_of
 from pagedserve.services.api.records import RecordStore, refusals
 from pagedserve.services.api.request import ApiRequest
-from pagedserve.shared import redis_io
+from pagedserve.shared import redis_fast, redis_io
 from pagedserve.shared.codec import pack
 from pagedserve.shared.messages import (
     AbortRequest,
@@ -244,13 +244,11 @@ class ApiLoop(ControlCommands):
                 out.seq = gen.request.seq
             events = [(gen.request.request_id, out.seq, gen.event(out), out.finish_reason is not None)
                       for gen, out in items]
-            while True:
-                pipe = self.redis.pipeline(transaction=False)
-                self.records.append(pipe, events)
-                if ack:
-                    pipe.xack(self.deltas_stream, GROUP, *ack)
+            commands = ([self.records.append_command(events)] if events else []) + \
+                ([("XACK", self.deltas_stream, GROUP, *ack)] if ack else [])
+            while commands:
                 try:
-                    replies = await pipe.execute(raise_on_error=False)
+                    replies = await redis_fast.execute(self.redis, commands)
                     for error in refusals(replies):
                         log.error("a record write was refused: %s", error)  # a bug here, not Redis
                     return

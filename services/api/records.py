@@ -137,16 +137,19 @@ class RecordStore:
         pipe.expire(key, self.ttl_s)
 
     def append(self, pipe, events: list[tuple[str, int, dict, bool]], expire: bool = False) -> None:
-        """Queue (request id, seq, event, final)s on `pipe` as one EVAL; the TTL is refreshed on the
-        first, every TTL_EVERY-th and the last event of a request (expire: on every event)."""
-        if not events:
-            return
+        """Queue append_command(events) on `pipe`."""
+        if events:
+            pipe.execute_command(*self.append_command(events, expire))
+
+    def append_command(self, events: list[tuple[str, int, dict, bool]], expire: bool = False) -> tuple:
+        """(request id, seq, event, final)s as one EVAL; the TTL is refreshed on the first, every
+        TTL_EVERY-th and the last event of a request (expire: on every event)."""
         batch = []
         for request_id, seq, event, final in events:
             entry = [events_key(self.keys, request_id), event_id(seq), _event_text(event),
                      2 if final else 1 if expire or seq % TTL_EVERY == 1 else 0]
             batch.append([*entry, record_key(self.keys, request_id)] if final else entry)
-        pipe.eval(_APPEND, 0, self.ttl_s, EVENT, _pack_events(batch))
+        return "EVAL", _APPEND, 0, self.ttl_s, EVENT, _pack_events(batch)
 
     async def load(self, request_id: str) -> tuple[dict, SubmitRequest] | None:
         fields = await self.r.hgetall(record_key(self.keys, request_id))
