@@ -165,6 +165,25 @@ def test_bf16_prefill_kernel_over_block_sizes_head_dims_and_groups(monkeypatch, 
     check_against_reference(TorchPagedBackend(use_kernel=True), *step)
 
 
+@pytest.mark.parametrize("block_size,head_dim,group", [(16, 64, 3), (32, 128, 2), (5, 128, 8), (48, 64, 1)])
+def test_f32_prefill_kernel_over_block_sizes_head_dims_and_groups(monkeypatch, block_size, head_dim, group):
+    # the AVX2 walk: prompts shorter and longer than a 16-key chunk and a 6-row tile, chunks after
+    # cached context ending mid-block, decodes between, a prompt past several chunks
+    requests = [(2, 2), (16, 16), (17, 17), (1, 30), (5, 5 + block_size), (23, 23 + 3 * block_size - 7),
+                (70, 211), (1, 1), (33, 33)]
+    step = make_step(requests, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                     dtype=torch.float32, seed=block_size * head_dim + group)
+    from pagedserve.services.gpu_worker.kernels import cpu_extensions
+
+    module = cpu_extensions.load("prefill")
+    if module is not None and module.supported_f32():  # every prefill must go through the kernel, not SDPA
+        def no_sdpa(*args, **kwargs):
+            raise AssertionError("SDPA ran where the prefill kernel should have")
+
+        monkeypatch.setattr(torch_paged.F, "scaled_dot_product_attention", no_sdpa)
+    check_against_reference(TorchPagedBackend(use_kernel=True), *step)
+
+
 @pytest.mark.parametrize("pad_tokens", [0, 1 << 30])
 def test_decode_buckets_one_per_length_or_one_for_all(monkeypatch, pad_tokens):
     monkeypatch.setattr(torch_paged, "PAD_TOKENS_PER_CALL", pad_tokens)

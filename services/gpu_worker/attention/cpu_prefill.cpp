@@ -8,7 +8,8 @@
 // (position, head of the group) pairs, so a group's heads share every K/V load. P is rounded to
 // bf16 before O += P V, as torch's CPU flash attention does. With AMX (and the tile state
 // granted), chunks of 32 keys and both products on tiles; use_amx(false) keeps vdpbf16ps.
-// supported() is false without AVX-512 BF16: the caller keeps SDPA.
+// supported() is false without AVX-512 BF16: the caller keeps SDPA. float32 (query, out, pool) takes
+// cpu_prefill_f32.h's AVX2 walk where supported_f32().
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -30,6 +31,7 @@
 
 #include "cpu_kv_int8.h"
 #include "cpu_prefill_layout.h"  // kKeys, Prefill, lay_out (pass 1)
+#include "cpu_prefill_f32.h"     // f32::prefill
 
 namespace {
 
@@ -350,6 +352,7 @@ bool supported() {
 void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                              torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor q_lens,
                              torch::Tensor q_starts, double scale) {
+  if (query.scalar_type() == torch::kFloat) return prefill_f32(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, scale);
   TORCH_CHECK(supported(), "paged_prefill_attention: built without AVX-512 BF16");
   const bool int8_kv = kv_cache.scalar_type() == torch::kInt8;
   TORCH_CHECK(query.scalar_type() == torch::kBFloat16 && (kv_cache.scalar_type() == torch::kBFloat16 || int8_kv) &&
@@ -380,6 +383,7 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this build has the AVX-512 BF16 kernel");
+  m.def("supported_f32", &supported_f32, "whether this build has the float32 AVX2 walk");
   m.def("use_amx", &use_amx, "turn the AMX walk on or off; whether it is now in use");
   m.def("paged_prefill_attention", &paged_prefill_attention, "paged causal prefill attention (CPU, bf16; bf16 or int8 pool)",
         py::call_guard<py::gil_scoped_release>());

@@ -171,7 +171,8 @@ class TorchPagedBackend:
             if self._use_kernel and kernel is None:
                 raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
             prefill = cpu_extensions.load("prefill") if on else None
-            self._kernels = (kernel, prefill if prefill is not None and prefill.supported() else None)
+            fits = prefill is not None and (prefill.supported() or prefill.supported_f32())
+            self._kernels = (kernel, prefill if fits else None)
         return self._kernels
 
     @property
@@ -244,8 +245,12 @@ class TorchPagedBackend:
         return _layout_fits(query, kv_cache) and self._kernel is not None
 
     def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        return (_layout_fits(query, kv_cache) and query.dtype == torch.bfloat16 and kv_cache.shape[2] % 16 == 0
-                and query.shape[2] in (64, 128) and self._prefill_kernel is not None)
+        kernel = self._prefill_kernel
+        if kernel is None or not _layout_fits(query, kv_cache) or query.shape[2] not in (64, 128):
+            return False
+        if query.dtype == torch.float32:  # the AVX2 walk: a float32 pool, any block size
+            return kv_cache.dtype == torch.float32 and kernel.supported_f32()
+        return query.dtype == torch.bfloat16 and kv_cache.shape[2] % 16 == 0 and kernel.supported()
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool, use_prefill_kernel: bool) -> _Plan:
         plan = self._plan
