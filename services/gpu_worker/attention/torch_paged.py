@@ -3,6 +3,7 @@ and one causal SDPA per prefill chunk; padded keys are read, so the pool must ho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +152,12 @@ def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
             and query.stride(2) == 1 and query.stride(1) == query.shape[2])
 
 
+@functools.cache
+def _prefill_dtypes(kernel) -> tuple[torch.dtype, ...]:
+    """The query dtypes the prefill module's walks take on this CPU (bf16: AVX-512 BF16; float32: AVX2)."""
+    return tuple(d for d, ok in ((torch.bfloat16, kernel.supported()), (torch.float32, kernel.supported_f32())) if ok)
+
+
 class TorchPagedBackend:
     name = "torch"
 
@@ -171,8 +178,7 @@ class TorchPagedBackend:
             if self._use_kernel and kernel is None:
                 raise RuntimeError("the CPU decode kernel was asked for but could not be loaded")
             prefill = cpu_extensions.load("prefill") if on else None
-            fits = prefill is not None and (prefill.supported() or prefill.supported_f32())
-            self._kernels = (kernel, prefill if fits else None)
+            self._kernels = (kernel, prefill if prefill is not None and _prefill_dtypes(prefill) else None)
         return self._kernels
 
     @property
@@ -246,11 +252,12 @@ class TorchPagedBackend:
 
     def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         kernel = self._prefill_kernel
-        if kernel is None or not _layout_fits(query, kv_cache) or query.shape[2] not in (64, 128):
+        if (kernel is None or not _layout_fits(query, kv_cache) or query.shape[2] not in (64, 128)
+                or query.dtype not in _prefill_dtypes(kernel)):
             return False
         if query.dtype == torch.float32:  # the AVX2 walk: a float32 pool, any block size
-            return kv_cache.dtype == torch.float32 and kernel.supported_f32()
-        return query.dtype == torch.bfloat16 and kv_cache.shape[2] % 16 == 0 and kernel.supported()
+            return kv_cache.dtype == torch.float32
+        return kv_cache.shape[2] % 16 == 0
 
     def _plan_for(self, meta: AttentionMetadata, block_size: int, use_kernel: bool, use_prefill_kernel: bool) -> _Plan:
         plan = self._plan
