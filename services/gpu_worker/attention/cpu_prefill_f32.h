@@ -1,4 +1,4 @@
-// cpu_prefill.cpp's float32 walk for AVX2 + FMA (no AVX-512 BF16: the float32 model's CPUs):
+// cpu_prefill.cpp's float32 walk for AVX2 + FMA CPUs without AVX-512 (the float32 model's CPUs):
 // the same flash-attention order (key chunks in order, online softmax, no score matrix) on a
 // float32 pool. Pass 1 copies each (request, KV head)'s K transposed per chunk of 16 keys and its
 // V rows, zero past seq_len; pass 2 deals out tiles of kRowsF32 (position, head of the group) rows,
@@ -14,7 +14,13 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+// AVX-512 builds keep SDPA for float32 (this walk is measured on AVX2 CPUs only)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define PAGEDSERVE_PREFILL_F32 1
+#else
+#define PAGEDSERVE_PREFILL_F32 0
+#endif
+#if PAGEDSERVE_PREFILL_F32
 #include <immintrin.h>
 
 namespace f32 {
@@ -212,7 +218,7 @@ void prefill(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, tor
 #endif
 
 inline bool supported_f32() {
-#if defined(__AVX2__) && defined(__FMA__)
+#if PAGEDSERVE_PREFILL_F32
   return true;
 #else
   return false;
@@ -230,7 +236,7 @@ inline void prefill_f32(torch::Tensor out, torch::Tensor query, torch::Tensor kv
                   q_lens.scalar_type() == torch::kInt32 && q_starts.scalar_type() == torch::kInt64 &&
                   block_tables.scalar_type() == torch::kInt32,
               "paged_prefill_attention: contiguous tensors, int32 tables and lengths, int64 q_starts");
-#if defined(__AVX2__) && defined(__FMA__)
+#if PAGEDSERVE_PREFILL_F32
   const float s = static_cast<float>(scale);
   if (query.size(2) == 64) return f32::prefill<64>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
   if (query.size(2) == 128) return f32::prefill<128>(out, query, kv_cache, block_tables, seq_lens, q_lens, q_starts, s);
