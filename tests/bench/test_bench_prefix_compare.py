@@ -12,12 +12,12 @@ from tests.bench.test_bench_commands import _bench
 pytestmark = pytest.mark.slow
 
 
-def test_the_same_workload_with_prefix_caching_on_and_off(tmp_path):
+def test_the_same_workload_with_prefix_caching_on_and_off(tmp_path, capsys):
     stem = [700 + i for i in range(48)]  # three full blocks every request shares
     workload = tmp_path / "w.json"
     workload.write_text(json.dumps([{"prompt_token_ids": stem + [100 + i] * 5, "max_tokens": 2} for i in range(3)]))
     out = tmp_path / "r.json"
-    _bench("throughput", "--workload", str(workload), "--dtype", "float32", "--compare-prefix-caching",
+    _bench(capsys, "throughput", "--workload", str(workload), "--dtype", "float32", "--compare-prefix-caching",
            "--output", str(out))
     on, off = json.loads(out.read_text())
     assert (on["system"], off["system"]) == ("pagedserve-inprocess (prefix caching on)",
