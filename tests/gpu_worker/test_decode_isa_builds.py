@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,6 @@ def _isa_cache() -> Path:
     return cpu_extensions.build_dir("decode").parent / "isa_builds"
 
 
-@functools.cache
 def _build(arch: str):
     """The -march=arch build, compiled once per (sources, headers, flags, torch) and loaded from then on."""
     from torch.utils import cpp_extension
@@ -65,9 +65,19 @@ def _build(arch: str):
         return module
 
 
+@functools.cache
+def _builds() -> dict[str, Future]:
+    """Every build this CPU can run, compiled side by side (each is one single-threaded compiler:
+    one after another they would leave the other cores idle); a failed build fails its own tests."""
+    arches = [arch for arch, needs in ARCHES.items() if needs <= _cpu_flags()]
+    with ThreadPoolExecutor(len(arches)) as pool:
+        futures = {arch: pool.submit(_build, arch) for arch in arches}
+    return futures
+
+
 def _backend(arch: str) -> TorchPagedBackend:
     backend = TorchPagedBackend(use_kernel=True)
-    backend._kernel, backend._prefill_kernel = _build(arch), None  # decodes on the older build only
+    backend._kernel, backend._prefill_kernel = _builds()[arch].result(), None  # decodes on the older build only
     return backend
 
 
