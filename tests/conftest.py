@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+import tqdm.std
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No tqdm monitor thread: an in-process bench's progress bar would start one that outlives its
+# test, waking every 10 s in this process through every later module
+tqdm.std.tqdm.monitor_interval = 0
 
 # Modules whose tests run one after another, on one worker, even under pytest-xdist: the fault
 # tests time outages and restarts, and share the machine's network namespaces.
