@@ -48,6 +48,13 @@ def test_entries_read_as_redis_py_reads_them(prefix):
     assert again == read
 
 
+async def _until(condition, timeout: float = 30.0) -> None:
+    """Turns of this loop until condition() holds (callbacks on this loop make it so)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0)
+
+
 async def _errors_and_reuse(prefix: str) -> None:
     r = async_client(REDIS_URL)
     client = fast_client(r)
@@ -57,10 +64,10 @@ async def _errors_and_reuse(prefix: str) -> None:
         assert isinstance(reply, redis.exceptions.ResponseError) and "WRONGTYPE" in str(reply) and count == 1
         (conn,) = client._idle
         conn.transport.abort()  # lost while idle: a new connection serves the next call
-        await asyncio.sleep(0.01)
+        await _until(lambda: conn.closed)  # its connection_lost runs on a later turn of the loop
         assert await execute(r, [("PING",)]) == [b"PONG"] and client._idle[0] is not conn
         read = asyncio.ensure_future(client.call([("BLPOP", f"{prefix}:empty", 5)], 5.0))
-        await asyncio.sleep(0.05)
+        await _until(lambda: not client._idle)  # it took the connection and sent: it waits 5 s for a reply
         read.cancel()  # cut off mid-call: its reply would come to the next caller, so it is closed
         with pytest.raises(asyncio.CancelledError):
             await read
