@@ -71,7 +71,9 @@ def _load_worker(config: EngineConfig, threads: int | None, phases: StartupPhase
     if threads is not None:
         torch.set_num_threads(threads)  # on the compute thread: its OpenMP team is this size
     torch.manual_seed(config.seed)
-    return Worker(config, phases)
+    worker = Worker(config, phases)
+    worker.start_prefault()  # the served worker waits for requests: its idle time faults the pool in
+    return worker
 
 
 def run(args: argparse.Namespace) -> int:

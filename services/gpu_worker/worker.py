@@ -20,6 +20,7 @@ from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
+from pagedserve.services.gpu_worker.pool_prefault import PoolPrefault
 from pagedserve.services.gpu_worker.sampling.grammar import Grammars, SequenceGrammar
 from pagedserve.services.gpu_worker.sampling.prompt_logprobs import PromptSpan, prompt_logprobs, prompt_span
 from pagedserve.services.gpu_worker.sampling.sampler import greedy_tokens, plain_greedy, sample
@@ -75,12 +76,20 @@ class Worker:
         num_blocks = num_blocks_for(config, self.model_config, self.kv_dtype, self.device)
         with phases.phase("kv_pool", f"allocating the KV pool ({num_blocks} blocks)"):
             self.pool = KVPool(self.model_config, num_blocks, config.block_size, self.kv_dtype, self.device)
+        self.prefault: PoolPrefault | None = None  # start_prefault()
         self.requests: dict[str, _RequestState] = {}
         self.grammars = Grammars(config.model, self.model_config.vocab_size, list(self.model_config.eos_token_ids),
                                  overlap=self.device.type != "cpu")
         log.info("worker ready: model=%s dtype=%s backend=%s num_blocks=%d (%.0f MiB); %s",
                  config.model, self.dtype, self.backend.name, num_blocks, self.pool.num_bytes / 2**20,
                  phases.summary())
+
+    def start_prefault(self) -> None:
+        """A CPU pool's pages faulted in from a background thread while no step runs (pool_prefault.py)."""
+        if self.device.type == "cpu" and self.prefault is None:
+            self.prefault = PoolPrefault(self.pool, self.pool.kv_caches)
+            if self.prefault.start() is None:
+                self.prefault = None
 
     @property
     def num_blocks(self) -> int:
@@ -136,6 +145,15 @@ class Worker:
         scheduled = [r for r in self._apply_plan(plan) if self.requests[r].num_scheduled_tokens > 0]
         if not scheduled:
             return StepResult(step_id=plan.step_id, compiled_grammars=self._compiled_grammars(IDLE_COMPILE_WAIT_S))
+        if self.prefault is None:
+            return self._run_step(plan, scheduled)
+        self.prefault.step_started()
+        try:
+            return self._run_step(plan, scheduled)
+        finally:
+            self.prefault.step_ended()
+
+    def _run_step(self, plan: StepPlan, scheduled: list[str]) -> StepResult:
         started = time.perf_counter()
         states = [self.requests[r] for r in scheduled]
         input_ids: list[int] = []
