@@ -1,11 +1,6 @@
-"""Faulting the CPU KV pool's pages in while the worker is idle, so a burst of new requests does not
-pay the first touch of its blocks inside its steps.
-
-A pool page costs a fault at its first write; on a VM whose memory the host has not yet backed, that
-fault waits on the host too (milliseconds per MiB). vLLM pays it at start by zeroing its cache; here a
-low-priority thread asks the kernel to populate the pool (MADV_POPULATE_WRITE: contents unchanged, so
-blocks in use are safe) in block-id order, the order the kvstore hands blocks out, one chunk at a
-time, and only once no step has run for IDLE_AFTER_S: steps never wait on it for more than a chunk."""
+"""The CPU KV pool's pages faulted in while the worker is idle: a first write costs a fault, on a VM
+with fresh memory a wait on the host too. A low-priority thread MADV_POPULATE_WRITEs the pool (contents
+unchanged) in block-id order, the kvstore's, a chunk at a time once no step ran for IDLE_AFTER_S."""
 
 from __future__ import annotations
 
