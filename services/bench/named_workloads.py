@@ -41,6 +41,8 @@ def multi_prefix(num_prefixes: int, per_prefix: int, seed: int, prefix: int, suf
 
 WORKLOADS: dict[str, Callable[[], list[dict]]] = {
     "random-64": lambda: random_mix(64, 0, 64, 512, 32, 256),
+    # 64 x 256 prompt tokens, 128 out: `vllm bench serve`'s random prompts at --random-input-len 256
+    "serve-64": lambda: random_mix(64, 3, 256, 256, 128, 128),
     "shared-prefix-32": lambda: shared_prefix(32, 1, 512, 32, 64),
     "decode-heavy-128": lambda: random_mix(128, 3, 16, 64, 256, 256),
     # 8 system prompts of 512 tokens, 8 requests each (shuffled), 32 distinct tokens, 32 output tokens
