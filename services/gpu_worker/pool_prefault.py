@@ -22,6 +22,19 @@ PAGE = 4096
 CHUNK = 2 << 20  # one huge page of one layer's K or V half a call
 IDLE_AFTER_S = 0.2  # no step for this long: the worker is idle, not between steps
 POLL_S = 0.05
+MIN_AVAILABLE = 1 << 30  # populating stops while the host has less memory available than this
+
+
+def available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def chunk_ranges(tensors: list[torch.Tensor], chunk: int = CHUNK) -> Iterator[tuple[int, int]]:
@@ -85,6 +98,10 @@ class PoolPrefault:
                 time.sleep(POLL_S)
             pool = self._pool()  # held across the call: the mapping cannot go away beneath it
             if pool is None:
+                return
+            available = available_memory()
+            if available is not None and available < MIN_AVAILABLE + length:
+                log.info("KV pool left to fault in at first use: %d MiB available", available >> 20)
                 return
             if madvise(address, length, MADV_POPULATE_WRITE) != 0:
                 log.info("KV pool left to fault in at first use: madvise: %s", os.strerror(ctypes.get_errno()))

@@ -73,3 +73,18 @@ def test_a_freed_pool_stops_the_thread(monkeypatch):
     thread.join(60)
     assert not thread.is_alive()
     assert prefault.num_populated == 0 and not prefault.done.is_set()
+
+
+def test_stops_when_memory_runs_short(monkeypatch):
+    monkeypatch.setattr(pool_prefault, "available_memory", lambda: pool_prefault.MIN_AVAILABLE)
+    pool = _Pool(1)
+    prefault = PoolPrefault(pool, pool.kv_caches, idle_after_s=0.0)
+    thread = prefault.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert prefault.num_populated == 0 and not prefault.done.is_set()
+
+
+def test_available_memory_reads_meminfo():
+    available = pool_prefault.available_memory()
+    assert available is not None and available > 0
