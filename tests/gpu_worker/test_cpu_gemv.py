@@ -13,7 +13,7 @@ import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.linear import PackedLinear
+from pagedserve.services.gpu_worker.model.linear import PackedLinear, amx_nibbles, q8_pairs
 from pagedserve.services.gpu_worker.model.llama import build_model
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 
@@ -25,6 +25,16 @@ BF16 = torch.bfloat16
 
 def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
+
+
+def _q4(blocks):
+    nibbles, dm = gguf_blocks.pack_q4_1(*blocks)
+    return amx_nibbles(nibbles), dm
+
+
+def _q8(blocks):
+    q, d = gguf_blocks.pack_q8_0(*blocks)
+    return q8_pairs(q), d
 
 
 def _assert_within_one_bf16_step(out, x, weight):
@@ -105,7 +115,7 @@ def test_linear_q4_equals_float32_reference_rounded(num_rows, out_features, in_f
     weight = gguf_blocks.dequantize(*blocks)
     x = _rand(num_rows, in_features, seed=num_rows)
     out = torch.empty(num_rows, out_features, dtype=BF16)
-    gemv.linear_q4(out, x, *gguf_blocks.pack_q4_1(*blocks))
+    gemv.linear_q4(out, x, *_q4(blocks))
     _assert_within_one_bf16_step(out, x, weight)
 
 
@@ -125,9 +135,9 @@ def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
     model = build_model("smollm2", dtype=BF16)
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    # the tied Q8_0 embedding: its blocks for 1-2 rows, a bf16 copy for 3-8
-    assert model.head.gemv_q8 is not None and model.head.gemv_packed is not None
-    assert model.head.max_q8_rows == 2
+    # the tied Q8_0 embedding: its blocks for every few-row call, no bf16 pairs copy
+    assert model.head.gemv_q8 is not None and model.head.gemv_packed is None
+    assert model.head.max_q8_rows == gemv.max_rows()
 
 
 # ---- Q8_0 weights --------------------------------------------------------------------------
@@ -139,7 +149,7 @@ def test_linear_q8_equals_float32_reference_rounded(num_rows, out_features, in_f
     blocks = q8_0_blocks(out_features, in_features, seed=out_features)
     x = _rand(num_rows, in_features, seed=num_rows)
     out = torch.empty(num_rows, out_features, dtype=BF16)
-    gemv.linear_q8(out, x, *gguf_blocks.pack_q8_0(*blocks))
+    gemv.linear_q8(out, x, *_q8(blocks))
     _assert_within_one_bf16_step(out, x, gguf_blocks.dequantize(*blocks))
 
 
@@ -147,46 +157,60 @@ def test_linear_q8_reads_strided_rows_and_writes_strided_rows():
     blocks = q8_0_blocks(32, 64, seed=2)
     x = _rand(3, 80)[:, 8:72]  # rows 80 apart
     out = torch.zeros(3, 48, dtype=BF16)
-    gemv.linear_q8(out[:, 8:40], x, *gguf_blocks.pack_q8_0(*blocks))
+    gemv.linear_q8(out[:, 8:40], x, *_q8(blocks))
     _assert_within_one_bf16_step(out[:, 8:40], x, gguf_blocks.dequantize(*blocks))
     assert not out[:, :8].any() and not out[:, 40:].any()
 
 
 def test_linear_q8_refuses_bad_inputs():
-    q, d = gguf_blocks.pack_q8_0(*q8_0_blocks(32, 64))
+    q, d = _q8(q8_0_blocks(32, 64))
     with pytest.raises(RuntimeError, match="rows"):
         gemv.linear_q8(torch.empty(9, 32, dtype=BF16), _rand(9, 64), q, d)
     with pytest.raises(RuntimeError, match="x"):
         gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 32), q, d)
     with pytest.raises(RuntimeError, match="x"):
         gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 64).float(), q, d)
-    with pytest.raises(RuntimeError, match="pack_q8_0"):
+    with pytest.raises(RuntimeError, match="q8_pairs"):
         gemv.linear_q8(torch.empty(1, 32, dtype=BF16), _rand(1, 64), q.view(torch.uint8), d)
 
 
-def test_packed_linear_takes_q8_blocks_for_two_rows_and_its_copy_for_more(monkeypatch):
+def test_packed_linear_takes_q8_blocks_for_few_rows_and_onednn_for_more(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")
     blocks = q8_0_blocks(96, 64, seed=7)
     exact = gguf_blocks.dequantize(*blocks)
     linear = PackedLinear(exact.to(BF16), blocks=blocks)
-    assert linear.gemv_q8 is not None and linear.gemv_packed is not None and linear.max_q8_rows == 2
+    assert linear.gemv_q8 is not None and linear.gemv_packed is None and linear.max_q8_rows == 8
     calls = []
 
     class Spy:
         def linear_q8(self, *a):
-            calls.append(("q8", a[1].shape[0]))
+            calls.append(a[1].shape[0])
             gemv.linear_q8(*a)
-
-        def linear(self, *a):
-            calls.append(("pairs", a[1].shape[0]))
-            gemv.linear(*a)
 
     monkeypatch.setattr(linear, "gemv", Spy())
     for num_rows in (1, 2, 3, 8, 9):
         x = _rand(num_rows, 64, seed=num_rows)
-        # Q8_0 rows use the exact weights, the others their bf16 roundings
-        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 2 else exact.to(BF16))
-    assert calls == [("q8", 1), ("q8", 2), ("pairs", 3), ("pairs", 8)]
+        # Q8_0 rows use the exact weights, oneDNN's their bf16 roundings
+        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 8 else exact.to(BF16))
+    assert calls == [1, 2, 3, 8]
     other = PackedLinear(exact.to(BF16) * 2, blocks=blocks)  # blocks of another weight: refused
     assert other.gemv_q8 is None and other.max_q8_rows == 0 and other.gemv_packed is not None
 
+
+# ---- batch invariance: a verification step's rows round as lone decode steps ----------------
+
+
+@pytest.mark.parametrize("kind", ["pairs", "q4_1", "q8_0"])
+def test_a_row_gives_the_same_bits_whatever_rows_share_the_call(kind, monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")  # AMX tiles from 2 rows sum in another order
+    out_features, in_features = 80, 576
+    if kind == "pairs":
+        linear = PackedLinear(_rand(out_features, in_features, seed=9))
+    else:
+        blocks = (q4_1_blocks if kind == "q4_1" else q8_0_blocks)(out_features, in_features, seed=9)
+        linear = PackedLinear(gguf_blocks.dequantize(*blocks).to(BF16), blocks=blocks)
+        assert (linear.gemv_q4 if kind == "q4_1" else linear.gemv_q8) is not None
+    x = _rand(8, in_features, seed=4)
+    alone = torch.cat([linear(x[i:i + 1]) for i in range(8)])
+    for num_rows in range(2, 9):
+        assert torch.equal(linear(x[:num_rows]), alone[:num_rows]), num_rows

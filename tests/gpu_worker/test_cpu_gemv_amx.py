@@ -88,10 +88,10 @@ def test_packed_linear_keeps_q8_rows_then_takes_amx(monkeypatch):
     linear = PackedLinear(exact.to(BF16), blocks=blocks)
     calls = []
     monkeypatch.setattr(linear, "gemv", _Spy(calls))
-    for num_rows in (2, 3, 16):
+    for num_rows in (2, 8, 9, 16):
         x = _rand(num_rows, 64, seed=num_rows)
-        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 2 else exact.to(BF16))
-    assert calls == [("linear_q8", 2), ("linear_amx", 3), ("linear_amx", 16)]
+        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 8 else exact.to(BF16))
+    assert calls == [("linear_q8", 2), ("linear_q8", 8), ("linear_amx", 9), ("linear_amx", 16)]
 
 
 def test_amx_can_be_turned_off(monkeypatch):

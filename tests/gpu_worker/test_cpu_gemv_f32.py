@@ -123,3 +123,16 @@ def test_float32_model_takes_the_gguf_blocks_for_every_projection_and_the_head()
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert model.head.gemv_q8 is not None  # the tied embedding, Q8_0 in the GGUF
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gives_the_same_bits_whatever_rows_share_the_call(kind):
+    """Up to the few-row kernels' most rows (a verification step's), both block kinds alike."""
+    blocks = KINDS[kind][0](80, 576, seed=9)
+    linear = PackedLinear(gguf_blocks.dequantize(*blocks), blocks=blocks)
+    few = f32_few_rows()
+    assert linear.max_gemv_rows == few
+    x = torch.randn(few, 576, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([linear(x[i:i + 1]) for i in range(few)])
+    for num_rows in range(2, few + 1):
+        assert torch.equal(linear(x[:num_rows]), alone[:num_rows]), num_rows

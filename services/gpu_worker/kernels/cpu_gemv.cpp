@@ -77,20 +77,23 @@ void rows(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_s
 }
 
 // ---- Q4_1 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32], q in 0..15 --------
-// Stored as nibbles [N/16, K/2, 16] (byte i of pair j: q[n_i, 2j] | q[n_i, 2j+1] << 4) and
-// dm [N/16, K/32, 2, 16] fp16 (d then m of the 16 outputs). Per 32-k group and output:
-// y += d * sum_k x_k q_k + m * sum_k x_k. q is exact in bf16, so the inner sums are exact
-// products summed in float32, like the bf16 path; the weights are the GGUF's exact values
-// (the float32 model's), not their bf16 roundings.
+// Stored as row pairs nib [N/16, K/4, 32] (linear.amx_nibbles, the AMX tiles' layout): byte j of
+// pair s holds bf16 j of pairs-layout step 2s (output j / 2, k 4s + j % 2) in its low nibble and
+// of step 2s + 1 (k + 2) in its high one, so 32 bytes widen to two steps' weights by one vpmovzxbw,
+// one shift and two table lookups. dm [N/16, K/32, 2, 16] fp16 (d then m of the 16 outputs). Per
+// 32-k group and output: y += d * sum_k x_k q_k + m * sum_k x_k. q is exact in bf16, so the inner
+// sums are exact products summed in float32 in k order, whatever the row count (a row's result
+// does not depend on the rows beside it); the weights are the GGUF's exact values.
 template <int M, int NB>
 inline void tile_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride,
                     const float* xsum, int64_t num_groups, const uint8_t* nib, const uint16_t* dm,
                     int64_t K2, int64_t b0) {
-  // q (0..15) -> bf16 bits, by a 16-bit permute (indices 16..31 never occur)
-  alignas(64) static const uint16_t kTable[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
-                                                  0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  // q (0..15) -> bf16 bits; vpermw reads an index's low 5 bits, so entry 16 + q repeats q's
+  alignas(64) static const uint16_t kTable[32] = {
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120,
+      0x4130, 0x4140, 0x4150, 0x4160, 0x4170, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0,
+      0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
   const __m512i table = _mm512_load_si512(kTable);
-  const __m512i low_nibbles = _mm512_set1_epi32(0x000F000F);
   __m512 acc[M][NB];
   for (int m = 0; m < M; ++m)
     for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
@@ -98,19 +101,22 @@ inline void tile_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, i
     __m512 part[M][NB];
     for (int m = 0; m < M; ++m)
       for (int b = 0; b < NB; ++b) part[m][b] = _mm512_setzero_ps();
-    for (int64_t j = 16 * g; j < 16 * g + 16; ++j) {
-      __m512bh wv[NB];
+    for (int64_t s = 8 * g; s < 8 * g + 8; ++s) {  // pairs steps 2s, 2s + 1
+      __m512bh w0[NB], w1[NB];
       for (int b = 0; b < NB; ++b) {
-        const uint8_t* p = nib + ((b0 + b) * K2 + j) * 16;
+        const uint8_t* p = nib + ((b0 + b) * K2 + 2 * s) * 16;  // block b0 + b holds K2 / 2 pairs of 32 bytes
         _mm_prefetch(reinterpret_cast<const char*>(p) + 512, _MM_HINT_T0);
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        // 32-bit lane i = byte i: low half <- its low nibble, high half <- its high nibble
-        const __m512i q = _mm512_and_si512(_mm512_or_si512(v, _mm512_slli_epi32(v, 12)), low_nibbles);
-        wv[b] = (__m512bh)_mm512_permutexvar_epi16(q, table);
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        w0[b] = (__m512bh)_mm512_permutexvar_epi16(v, table);
+        w1[b] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
       }
       for (int m = 0; m < M; ++m) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + j]));
-        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], xv, wv[b]);
+        const __m512bh x0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + 2 * s]));
+        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], x0, w0[b]);
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m512bh x1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + 2 * s + 1]));
+        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], x1, w1[b]);
       }
     }
     for (int b = 0; b < NB; ++b) {
@@ -144,39 +150,40 @@ void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t 
 }
 
 // ---- Q8_0 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k], q in -128..127 ----------------
-// q [N/16, K, 16] int8 (16 outputs' weights at one k) and d [N/16, K/32, 16] fp16: the
-// float32 kernel's layout (gguf_blocks.pack_q8_0). x is widened to float32 (exact); per
-// 32-k group and output the products q * x are summed in float32 (even and odd k apart, so
-// FMA latency hides), then y += d * sum, rounded to bf16 once. As for Q4_1, the weights are
-// the GGUF's exact values (1.0625 bytes a weight instead of 2).
+// q in pairs layout [N/16, K/2, 16, 2] int8 (linear.q8_pairs) and d [N/16, K/32, 16] fp16
+// (gguf_blocks.pack_q8_0). q is exact in bf16: 32 bytes widen to one pairs step (16 outputs, 2 k)
+// by two vpmovsxbd, two vcvtdq2ps and one vcvtne2ps2bf16, and vdpbf16ps adds the exact products
+// in float32, k in order, whatever the row count; per 32-k group and output y += d * sum, rounded
+// to bf16 once. The weights are the GGUF's exact values (1.0625 bytes a weight instead of 2).
 template <int M, int NB>
-inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
-                    const uint16_t* ds, int64_t b0) {
-  const int64_t num_groups = K / 32;
+inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride,
+                    int64_t num_groups, const int8_t* qs, const uint16_t* ds, int64_t K2, int64_t b0) {
   __m512 acc[M][NB];
   for (int m = 0; m < M; ++m)
     for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
   for (int64_t g = 0; g < num_groups; ++g) {
-    __m512 part[M][NB][2];  // [.., k parity]
+    __m512 part[M][NB];
     for (int m = 0; m < M; ++m)
-      for (int b = 0; b < NB; ++b) part[m][b][0] = part[m][b][1] = _mm512_setzero_ps();
-    for (int64_t k = 32 * g; k < 32 * g + 32; ++k) {
-      __m512 w[NB];
+      for (int b = 0; b < NB; ++b) part[m][b] = _mm512_setzero_ps();
+    for (int64_t j = 16 * g; j < 16 * g + 16; ++j) {
+      __m512bh wv[NB];
       for (int b = 0; b < NB; ++b) {
-        const int8_t* p = qs + ((b0 + b) * K + k) * 16;
+        const int8_t* p = qs + ((b0 + b) * K2 + j) * 32;
         _mm_prefetch(reinterpret_cast<const char*>(p) + 1024, _MM_HINT_T0);
-        w[b] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        const __m512 hi =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+        wv[b] = _mm512_cvtne2ps_pbh(hi, lo);  // bf16 0..15 from lo, 16..31 from hi: the 32 bytes' order
       }
       for (int m = 0; m < M; ++m) {
-        const __m512 xv = _mm512_set1_ps(x[m * K + k]);
-        for (int b = 0; b < NB; ++b) part[m][b][k & 1] = _mm512_fmadd_ps(w[b], xv, part[m][b][k & 1]);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + j]));
+        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], xv, wv[b]);
       }
     }
     for (int b = 0; b < NB; ++b) {
       const __m512 d = _mm512_cvtph_ps(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ds + ((b0 + b) * num_groups + g) * 16)));
-      for (int m = 0; m < M; ++m)
-        acc[m][b] = _mm512_fmadd_ps(d, _mm512_add_ps(part[m][b][0], part[m][b][1]), acc[m][b]);
+      for (int m = 0; m < M; ++m) acc[m][b] = _mm512_fmadd_ps(d, part[m][b], acc[m][b]);
     }
   }
   for (int m = 0; m < M; ++m)
@@ -186,12 +193,13 @@ inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int6
 }
 
 template <int M>
-void rows_q8(c10::BFloat16* out, int64_t out_stride, const float* x, int64_t K, const int8_t* qs,
-             const uint16_t* ds, int64_t num_blocks) {
+void rows_q8(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride, const int8_t* qs,
+             const uint16_t* ds, int64_t K2, int64_t num_blocks) {
   constexpr int NB = kBlocksPerTile<M>;
-  over_tiles<NB>(num_blocks, K,
-      [&](int64_t b0) { tile_q8<M, NB>(out, out_stride, x, K, qs, ds, b0); },
-      [&](int64_t b) { tile_q8<M, 1>(out, out_stride, x, K, qs, ds, b); });
+  const int64_t num_groups = K2 / 16;
+  over_tiles<NB>(num_blocks, K2 * 2,
+      [&](int64_t b0) { tile_q8<M, NB>(out, out_stride, x, x_stride, num_groups, qs, ds, K2, b0); },
+      [&](int64_t b) { tile_q8<M, 1>(out, out_stride, x, x_stride, num_groups, qs, ds, K2, b); });
 }
 #endif
 
@@ -288,10 +296,11 @@ void check_q4(const char* name, torch::Tensor out, torch::Tensor x, torch::Tenso
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= max_m, name, ": 1 to ", max_m, " rows");
 }
 
-// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight given by gguf_blocks.pack_q4_1(); M <= max_rows()
+// out [M, N] = x [M, K] @ W^T, W the Q4_1 weight with its nibbles as row pairs [N/16, K/4, 32]
+// (linear.amx_nibbles of gguf_blocks.pack_q4_1()); M <= max_rows()
 void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
-  const int64_t M = x.size(0), K2 = nib.size(1), num_blocks = nib.size(0);
-  TORCH_CHECK(nib.dim() == 3, "linear_q4: nibbles [N/16, K/2, 16]");
+  const int64_t M = x.size(0), K2 = nib.size(1) * 2, num_blocks = nib.size(0);
+  TORCH_CHECK(nib.dim() == 3 && nib.size(2) == 32, "linear_q4: nibbles as row pairs [N/16, K/4, 32]");
   check_q4("linear_q4", out, x, nib, dm, K2, num_blocks, kMaxRows);
 #if defined(__AVX512BF16__)
   const std::vector<float> xs = group_sums(x, K2 / 16);
@@ -317,32 +326,29 @@ void linear_q4_amx(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch:
 #endif
 }
 
-// out [M, N] = x [M, K] @ W^T, W in Q8_0 (q [N/16, K, 16] int8, d [N/16, K/32, 16] int16, as
-// gguf_blocks.pack_q8_0 gives them); M <= max_rows(); bf16 x and out, contiguous rows
+// out [M, N] = x [M, K] @ W^T, W in Q8_0 (q [N/16, K/2, 16, 2] int8 from linear.q8_pairs, d
+// [N/16, K/32, 16] int16 from gguf_blocks.pack_q8_0); M <= max_rows(); bf16 x and out, contiguous rows
 void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   TORCH_CHECK(supported(), "linear_q8: this build has no AVX-512 BF16");
-  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.dim() == 3 && q.size(2) == 16 &&
-                  d.scalar_type() == torch::kInt16 && d.is_contiguous() && d.numel() * 32 == q.numel(),
-              "linear_q8: q and d from gguf_blocks.pack_q8_0");
-  const int64_t M = x.size(0), K = q.size(1), num_blocks = q.size(0);
-  TORCH_CHECK(K % 32 == 0, "linear_q8: K a multiple of 32");
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == K && x.stride(1) == 1,
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.is_contiguous() && q.dim() == 4 && q.size(2) == 16 &&
+                  q.size(3) == 2 && d.scalar_type() == torch::kInt16 && d.is_contiguous() && d.numel() * 32 == q.numel(),
+              "linear_q8: q from linear.q8_pairs and d from gguf_blocks.pack_q8_0");
+  const int64_t M = x.size(0), K2 = q.size(1), num_blocks = q.size(0);
+  TORCH_CHECK(K2 % 16 == 0, "linear_q8: K a multiple of 32");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 &&
+                  x.stride(0) % 2 == 0,
               "linear_q8: x [M, K] bf16, contiguous rows");
   TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.dim() == 2 && out.size(0) == M &&
                   out.size(1) == num_blocks * 16 && out.stride(1) == 1,
               "linear_q8: out [M, N] bf16, contiguous rows");
   TORCH_CHECK(M >= 1 && M <= kMaxRows, "linear_q8: 1 to ", kMaxRows, " rows");
 #if defined(__AVX512BF16__)
-  std::vector<float> xf(M * K);  // x widened: [M, K] float32
-  const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xf[m * K + k] = static_cast<float>(xb[m * x.stride(0) + k]);
   auto* o = out.data_ptr<c10::BFloat16>();
+  const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<c10::BFloat16>());
   const int8_t* qp = q.data_ptr<int8_t>();
   const auto* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<int16_t>());
-  const int64_t os = out.stride(0);
-  const float* xp = xf.data();
-  by_rows(M, [&](auto r) { rows_q8<decltype(r)::value>(o, os, xp, K, qp, dp, num_blocks); });
+  const int64_t os = out.stride(0), xs = x.stride(0) / 2;
+  by_rows(M, [&](auto r) { rows_q8<decltype(r)::value>(o, os, xp, xs, qp, dp, K2, num_blocks); });
 #endif
 }
 

@@ -1,7 +1,9 @@
 """y = x @ W^T: weights packed once for oneDNN (bf16: F.linear reorders on every call; float32:
 oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps of few rows go to
-cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too,
-so logits depend slightly on the row count; with AMX, bf16 rows AMX_MIN_ROWS to 16 take its tiles.
+cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too.
+A row's result does not depend on how many rows share the call up to the few-row kernels' most rows
+(8; float32 Q8_0 and AVX2 Q4_1: F32_FEW_ROWS), so a verification step's rows round as lone decode
+steps do; with AMX, bf16 rows AMX_MIN_ROWS to 16 take its tiles (another sum order).
 PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
 """
 
@@ -17,11 +19,9 @@ from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
 
 PACK_BATCH_HINT = 64
-# bf16 rows up to this read a weight's Q8_0 blocks, more its bf16 pairs (int8 widening costs per row).
-BF16_Q8_MAX_ROWS = 2
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
 F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for all rows (linear_many)
-F32_FEW_ROWS_AVX512 = 8  # Q4_1's F32_FEW_ROWS with AVX-512 BF16 (AMX Xeon, Zen 4): blocks per row stay ahead to 8
+F32_FEW_ROWS_AVX512 = 8  # F32_FEW_ROWS with AVX-512 BF16 (AMX Xeon, Zen 4): blocks per row stay ahead to 8
 AMX_MIN_ROWS = 2  # bf16 rows from this (and past the Q8_0 rows) take AMX tiles: one row stays on AVX-512
 
 
@@ -62,7 +62,7 @@ def small_m_kernel(weight: torch.Tensor):
 
 @functools.cache
 def f32_few_rows() -> int:
-    """Q4_1's F32_FEW_ROWS: F32_FEW_ROWS_AVX512 on a CPU with AVX-512 BF16 (verification steps of up to 8 rows)."""
+    """F32_FEW_ROWS_AVX512 on a CPU with AVX-512 BF16 (verification steps of up to 8 rows), else F32_FEW_ROWS."""
     module = cpu_extensions.load("gemv")
     return F32_FEW_ROWS_AVX512 if module is not None and module.supported() else F32_FEW_ROWS
 
@@ -74,6 +74,13 @@ def amx_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
     num_blocks, k2, _ = nibbles.shape
     rows = torch.stack([nibbles & 15, nibbles >> 4], dim=-1).view(num_blocks, k2 // 2, 2, 32)
     return (rows[:, :, 0] | (rows[:, :, 1] << 4)).contiguous()
+
+
+def q8_pairs(q: torch.Tensor) -> torch.Tensor:
+    """Q8_0 q [N/16, K, 16] (gguf_blocks.pack_q8_0) -> pairs layout [N/16, K/2, 16, 2] for cpu_gemv's
+    linear_q8: 32 bytes hold 16 outputs' weights at two consecutive k."""
+    num_blocks, k, _ = q.shape
+    return q.view(num_blocks, k // 2, 2, 16).transpose(2, 3).contiguous()
 
 
 def _blocks_are_weight(blocks: tuple[torch.Tensor, ...], weight: torch.Tensor) -> bool:
@@ -104,17 +111,19 @@ class PackedLinear:
             self.max_gemv_rows = self.gemv.max_amx_rows()
         self.max_q8_rows = self.max_many_rows = 0
         if blocks is not None and weight.dtype == torch.float32:
-            self.max_gemv_rows = min(f32_few_rows() if len(blocks) == 3 else F32_FEW_ROWS, self.max_gemv_rows)
+            self.max_gemv_rows = min(f32_few_rows(), self.max_gemv_rows)
             self.max_many_rows = min(F32_MANY_ROWS, self.gemv.max_many_rows())
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
-            if self.amx:
-                self.gemv_q4_amx = amx_nibbles(self.gemv_q4[0]), self.gemv_q4[1]
+            if bf16:  # cpu_gemv.cpp's Q4_1 kernels (AVX-512 and AMX) read row pairs
+                self.gemv_q4 = self.gemv_q4_amx = amx_nibbles(self.gemv_q4[0]), self.gemv_q4[1]
             return
         if blocks is not None:
             self.gemv_q8 = gguf_blocks.pack_q8_0(*blocks)
-            self.max_q8_rows = min(BF16_Q8_MAX_ROWS, self.max_gemv_rows) if bf16 else self.max_gemv_rows
-        if self.gemv is not None and bf16:
+            if bf16:
+                self.gemv_q8 = q8_pairs(self.gemv_q8[0]), self.gemv_q8[1]
+            self.max_q8_rows = min(self.gemv.max_rows(), self.max_gemv_rows)
+        if self.gemv is not None and bf16 and (self.gemv_q8 is None or self.max_gemv_rows > self.max_q8_rows):
             self.gemv_packed = self.gemv.pack(weight.detach())
         elif self.gemv_q8 is None:
             self.gemv, self.max_gemv_rows = None, 0  # float32 without blocks: F.linear throughout
