@@ -39,6 +39,32 @@ def test_a_lone_verification_query_matches_the_reference(use_kernel):
     check_against_reference(TorchPagedBackend(use_kernel), *step)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_a_lone_queries_rows_give_the_lone_decodes_bits(dtype, num_threads):
+    """One kernel call for a lone request's 7 rows, each row's context split over the threads as its own
+    lone decode step's would be: the same bits as 7 one-row decodes (greedy text kept by speculation)."""
+    kernel = TorchPagedBackend(use_kernel=None)._kernel
+    if kernel is None:
+        pytest.skip("the CPU decode kernel did not build")
+    q_len, seq_len = 7, 420
+    meta, cache, q, k, v = make_step([(q_len, seq_len)], block_size=16, num_heads=9, num_kv_heads=3, head_dim=64,
+                                     dtype=dtype, seed=3)
+    tables = meta.block_tables.to(torch.int32).contiguous()
+    lens = torch.arange(seq_len - q_len + 1, seq_len + 1, dtype=torch.int32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        together, alone = torch.empty_like(q), torch.empty_like(q)
+        kernel.paged_decode_attention(together, q, cache, tables.expand(q_len, -1).contiguous(), lens,
+                                      torch.arange(q_len), 0.125, True)
+        for r in range(q_len):
+            kernel.paged_decode_attention(alone, q, cache, tables, lens[r:r + 1], torch.tensor([r]), 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, alone)
+
+
 def check_verification_steps(backend_name: str, device: str, dtypes=(torch.float32, torch.bfloat16),
                              requests=VERIFY_STEP) -> None:
     for dtype in dtypes:

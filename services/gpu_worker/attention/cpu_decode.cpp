@@ -143,7 +143,8 @@ void decode(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torc
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                             torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor token_idx,
-                            double scale) {
+                            double scale, bool rows_alone) {
+  const RowsAlone alone(rows_alone);  // rows_alone: the rows are one request's, each sliced as its lone decode
   const auto dtype = query.scalar_type();
   const bool int8_kv = kv_cache.scalar_type() == torch::kInt8;
   TORCH_CHECK((dtype == kv_cache.scalar_type() || int8_kv) && dtype == out.scalar_type() &&
@@ -207,5 +208,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv_int8", &write_kv_int8, "quantize K and V rows into their slots of an int8 pool (CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention over the block pool (CPU)",
+        py::arg("out"), py::arg("query"), py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"),
+        py::arg("token_idx"), py::arg("scale"), py::arg("rows_alone") = false,
         py::call_guard<py::gil_scoped_release>());
 }

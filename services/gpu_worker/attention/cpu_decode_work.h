@@ -68,6 +68,17 @@ struct Split {
 
 constexpr int64_t kMinSliceBlocks = 4;  // a shorter slice costs more to merge than it saves
 
+// Set (RowsAlone) while a call's rows are one request's verification rows: each row is sliced as
+// a lone decode of it would be, so its sums are that decode's whatever the row count. Read on the
+// calling thread, where the WorkQueue is built.
+inline thread_local bool tls_rows_alone = false;
+
+struct RowsAlone {
+  explicit RowsAlone(bool on) : before_(tls_rows_alone) { tls_rows_alone = on; }
+  ~RowsAlone() { tls_rows_alone = before_; }
+  bool before_;
+};
+
 class WorkQueue {
  public:
   WorkQueue(const int32_t* lens, int64_t num_reqs, int64_t BS) {
@@ -77,7 +88,8 @@ class WorkQueue {
     const int64_t num_threads = at::get_num_threads();
     for (int64_t r : order) {
       const int64_t num_blocks = (lens[r] + BS - 1) / BS;
-      const int64_t num_slices = num_reqs < num_threads ? std::min(num_threads, num_blocks / kMinSliceBlocks) : 1;
+      const bool sliced = num_reqs < num_threads || tls_rows_alone;
+      const int64_t num_slices = sliced ? std::min(num_threads, num_blocks / kMinSliceBlocks) : 1;
       if (num_slices <= 1) {
         items_.push_back({r, 0, num_blocks, -1});
         continue;

@@ -62,7 +62,7 @@ class _Plan:
     kernel_prefills: _KernelPrefills | None  # set for the C++ prefill kernel; then prefills is empty
     prefills: list[_Prefill]
     workspace_rows: int  # most blocks any single gather needs
-    row_calls: list[tuple] | None = None  # a lone query: a call per row, split over threads as a lone decode
+    rows_alone: bool = False  # a lone query: each row split over threads as a lone decode of it
 
 
 def _blocks_for(seq_len: int, block_size: int) -> int:
@@ -136,12 +136,9 @@ def _build_plan(meta: AttentionMetadata, block_size: int, use_kernel: bool = Fal
             mask = (torch.arange(s)[None, :] <= torch.arange(s - q, s)[:, None]).to(device)
         prefills.append(_Prefill(starts[i], q, s, tables[i, :nb].to(device), mask))
         rows = max(rows, nb)
-    row_calls = None
-    if kernel_decodes is not None and len(q_lens) == 1 and q_lens[0] > 1:
-        d = kernel_decodes
-        row_calls = [(d.block_tables[r:r + 1], d.seq_lens[r:r + 1], d.token_idx[r:r + 1]) for r in range(q_lens[0])]
+    rows_alone = kernel_decodes is not None and len(q_lens) == 1 and q_lens[0] > 1
     return _Plan(meta, block_size, use_kernel, decodes, kernel_decodes, use_prefill_kernel, kernel_prefills, prefills,
-                 rows, row_calls)
+                 rows, rows_alone)
 
 
 def _layout_fits(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -222,8 +219,8 @@ class TorchPagedBackend:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if plan.kernel_decodes is not None:
             d = plan.kernel_decodes
-            for tables, lens, idx in plan.row_calls or [(d.block_tables, d.seq_lens, d.token_idx)]:
-                kernel.paged_decode_attention(out, query, kv_cache, tables, lens, idx, scale)
+            kernel.paged_decode_attention(out, query, kv_cache, d.block_tables, d.seq_lens, d.token_idx, scale,
+                                          plan.rows_alone)
         for b in plan.decodes:
             n = b.token_idx.numel()
             kv = self._gather(by_block, b.block_ids, ws).view(2, n, -1, num_kv_heads, width)
