@@ -33,9 +33,8 @@ from pagedserve.services.scheduler.suffix_proposer import SuffixProposer
 from pagedserve.shared.messages import SampledToken
 from pagedserve.shared.speculative_config import PER_POS_KEY, SpeculativeConfig
 
-# after drafts all rejected, tokens before a lookup may hold the request back again: short, as a miss in
-# quoted text is mostly one edited token before the quote goes on; a request that keeps missing loses
-# its lookups through its acceptance rate (_pays), not this
+# tokens without a lookup after all drafts were rejected: short, as a miss in quoted text is mostly one
+# edited token; a request that keeps missing loses its lookups through its acceptance rate (_pays)
 BACKOFF_TOKENS = 2
 
 
