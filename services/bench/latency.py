@@ -79,7 +79,7 @@ def _over_http(base_url: str, requests: list[BenchRequest], args: argparse.Names
 
     asyncio.run(run_load(base_url, served_model(args), [BenchRequest(requests[0].prompt_token_ids[:8], 2)],
                          math.inf, None, args.api_key))
-    before = cpu.snapshot() if cpu is not None else None  # after a first step: step ids start at a random base
+    before = cpu.snapshot_after_a_step() if cpu is not None else None  # after a first step: step ids start at a random base
     runs = []
     for r in requests:  # one at a time: a lone user
         (record,), _wall = asyncio.run(run_load(base_url, served_model(args), [r], math.inf, 1, args.api_key))

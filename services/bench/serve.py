@@ -97,7 +97,7 @@ def measure(base_url: str, requests: list[BenchRequest], args: argparse.Namespac
     warm = [BenchRequest(requests[0].prompt_token_ids[:8], 2)]
     asyncio.run(run_load(base_url, served_model(args), warm, math.inf, None, args.api_key))
     before = _counters(base_url)
-    cpu_before = cpu.snapshot() if cpu is not None else None
+    cpu_before = cpu.snapshot_after_a_step() if cpu is not None else None
 
     async def go() -> tuple[list[RequestRecord], float, dict]:
         stop, peak = asyncio.Event(), {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 _SERVICE = re.compile(r"services\.(\w+)\.main")
@@ -74,6 +75,13 @@ class StackCpu:
             cpu[name] = cpu.get(name, 0.0) + seconds
         return {"cpu_s": cpu, "step_id": step_id}
 
+    def snapshot_after_a_step(self, timeout_s: float = 5.0) -> dict:
+        """snapshot() once the stats name a step (ids start at a wall-clock base: 0 counts nothing)."""
+        deadline = time.monotonic() + timeout_s
+        while not (snap := self.snapshot())["step_id"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return snap
+
     @staticmethod
     def _step_id(cmdline: list[str]) -> int | None:
         import msgpack
@@ -90,7 +98,7 @@ class StackCpu:
 
     @staticmethod
     def per_step(before: dict, after: dict) -> dict:
-        if before["step_id"] is None or after["step_id"] is None or after["step_id"] <= before["step_id"]:
+        if not before["step_id"] or after["step_id"] is None or after["step_id"] <= before["step_id"]:
             return {}
         steps = after["step_id"] - before["step_id"]
         result = {"steps": steps}
