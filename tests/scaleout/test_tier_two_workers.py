@@ -73,10 +73,17 @@ def test_the_second_worker_loads_the_prefix_the_first_computed(up):
     cached = [(b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for b in (first, second)]
     assert cached[0] == 0 and cached[1] >= PREFIX_TOKENS - 16
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
-    scheduler, kvstore = stats(keys, "scheduler"), stats(keys, "kvstore")
-    computed = sorted(w["prompt_tokens_computed_total"] for w in scheduler["workers"].values())
-    assert computed == [PREFIX_TOKENS - cached[1], PREFIX_TOKENS]  # round robin: one worker each
-    assert kvstore["prefix_cache_tier_hits"] == cached[1]
+    expected = [PREFIX_TOKENS - cached[1], PREFIX_TOKENS]  # round robin: one worker each
+
+    def computed() -> list[int]:
+        return sorted(w["prompt_tokens_computed_total"] for w in stats(keys, "scheduler")["workers"].values())
+
+    # each service writes its stats a moment after a step: wait until the counts (they only grow) add up
+    wait_for(lambda: sum(computed()) >= sum(expected), 30, "the scheduler's stats to count both prompts")
+    wait_for(lambda: stats(keys, "kvstore").get("prefix_cache_tier_hits", 0) >= cached[1], 30,
+             "the kvstore's stats to count the tier hits")
+    assert computed() == expected
+    assert stats(keys, "kvstore")["prefix_cache_tier_hits"] == cached[1]
 
 
 def stats(keys: Keys, service: str) -> dict:
