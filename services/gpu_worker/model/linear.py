@@ -100,7 +100,7 @@ class PackedLinear:
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
         self.gemv = small_m_kernel(weight) if pack else None
-        self.gemv_packed = self.gemv_q4 = self.gemv_q8 = self.gemv_q4_amx = None
+        self.gemv_packed = self.gemv_q4 = self.gemv_q8 = None
         bf16 = self.packed is not None and weight.dtype == torch.bfloat16
         if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
             blocks = None
@@ -116,7 +116,7 @@ class PackedLinear:
         if blocks is not None and len(blocks) == 3:
             self.gemv_q4 = gguf_blocks.pack_q4_1(*blocks)
             if bf16:  # cpu_gemv.cpp's Q4_1 kernels (AVX-512 and AMX) read row pairs
-                self.gemv_q4 = self.gemv_q4_amx = amx_nibbles(self.gemv_q4[0]), self.gemv_q4[1]
+                self.gemv_q4 = amx_nibbles(self.gemv_q4[0]), self.gemv_q4[1]
             return
         if blocks is not None:
             self.gemv_q8 = gguf_blocks.pack_q8_0(*blocks)
@@ -135,8 +135,7 @@ class PackedLinear:
             out = x.new_empty(rows, self.weight.shape[0])
             amx = self.amx and rows >= AMX_MIN_ROWS
             if self.gemv_q4 is not None:
-                (self.gemv.linear_q4_amx if amx else self.gemv.linear_q4)(out, x.contiguous(),
-                                                                          *(self.gemv_q4_amx if amx else self.gemv_q4))
+                (self.gemv.linear_q4_amx if amx else self.gemv.linear_q4)(out, x.contiguous(), *self.gemv_q4)
             elif rows <= self.max_q8_rows:
                 self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
