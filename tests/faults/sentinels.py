@@ -52,8 +52,17 @@ class Sentinels:
         except redis.RedisError:
             return False
 
-    def master_port_now(self) -> int:
-        with redis.Redis(port=self.sentinel_ports[0], socket_timeout=1) as s:
+    def wait_for_every_sentinel_to_name(self, port: int) -> None:
+        """The sentinel that led the failover knows first; the others learn it from its hellos."""
+        def named() -> bool:
+            try:
+                return all(self._master_port_at(p) == port for p in self.sentinel_ports)
+            except redis.RedisError:
+                return False
+        wait_for(named, 30, f"every sentinel to name port {port} the master", interval=0.1)
+
+    def _master_port_at(self, sentinel_port: int) -> int:
+        with redis.Redis(port=sentinel_port, socket_timeout=1) as s:
             return int(s.sentinel_get_master_addr_by_name(SERVICE)[1])
 
     def close(self) -> None:

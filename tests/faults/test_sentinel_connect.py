@@ -78,7 +78,7 @@ def test_clients_follow_the_master_across_a_failover(tmp_path):
                 return False
 
         wait_for(promoted, 60, "the sentinels to promote the replica", interval=0.1)
-        assert cluster.master_port_now() == cluster.replica_port
+        cluster.wait_for_every_sentinel_to_name(cluster.replica_port)
         assert redis.Redis(port=cluster.replica_port).get("k") == b"after"
         assert asyncio.run(roundtrip("c", True)) == b"v"
     finally:
