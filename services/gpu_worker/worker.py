@@ -136,6 +136,8 @@ class Worker:
     def _greedy(self, hidden: torch.Tensor) -> list[int]:
         screened = self.model.screened_head
         tokens = screened.tokens(hidden) if screened is not None and len(hidden) >= SCREEN_MIN_ROWS else None
+        if tokens is None and self.model.greedy_head is not None:
+            tokens = self.model.greedy_head.tokens(hidden)
         return tokens if tokens is not None else greedy_tokens(self.model.compute_logits(hidden, as_float=False))
 
     @torch.inference_mode()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pagedserve.services.gpu_worker.attention.metadata import AttentionBackend, AttentionMetadata
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.model.greedy_head import GreedyHead
 from pagedserve.services.gpu_worker.model.linear import PackedLinear
 from pagedserve.services.gpu_worker.model.rotary_embedding import RotaryEmbedding
 from pagedserve.services.gpu_worker.model.screened_head import ScreenedHead
@@ -160,6 +161,7 @@ class LlamaForCausalLM(torch.nn.Module):
         head_weight = self.embed_tokens if self.lm_head is None else self.lm_head
         self.head = PackedLinear(head_weight, optimized, gguf.get(head_name))
         self.screened_head = ScreenedHead.build(head_weight) if optimized else None  # float32 greedy
+        self.greedy_head = GreedyHead.build(self.head) if optimized else None  # float32 greedy, no logits
         self.fused = fused  # None: every layer on plain torch ops (forward); else forward_fused
         for i, layer in enumerate(self.layers):
             layer.prepare(fused, optimized, self._layer_blocks(gguf, i))
