@@ -311,7 +311,9 @@ async def write_stats(r: aioredis.Redis, keys: Keys, service: str, stats: dict) 
 
 
 async def read_stats(r: aioredis.Redis, keys: Keys, service: str) -> dict | None:
-    data = await r.get(keys.stats(service))
+    (data,) = await execute(r, [("GET", keys.stats(service))])  # read ten times a second
+    if isinstance(data, Exception):
+        raise data
     return msgpack.unpackb(data, raw=False) if data is not None else None
 
 

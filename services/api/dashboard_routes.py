@@ -17,7 +17,6 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from pagedserve.services.api.dashboard_history import HISTORY_S, SAMPLE_INTERVAL_S, History, Sample, sample_forever
 from pagedserve.services.api.dashboard_snapshot import build_snapshot
 from pagedserve.services.api.edge import state_of
-from pagedserve.services.api.metrics import PREFIX
 
 router = APIRouter()
 SNAPSHOT_INTERVAL_S = 1.0
@@ -87,7 +86,7 @@ async def _snapshot(request: Request) -> dict:
 
 
 def _ttft(metrics) -> tuple[float, float]:
-    """This api's time-to-first-token sum (s) and count."""
-    labels = {"api": metrics.api_id}
-    return (metrics.registry.get_sample_value(PREFIX + "time_to_first_token_seconds_sum", labels) or 0.0,
-            metrics.registry.get_sample_value(PREFIX + "time_to_first_token_seconds_count", labels) or 0.0)
+    """This api's time-to-first-token sum (s) and count (read off the histogram: the registry's lookup
+    would collect every metric)."""
+    histogram = metrics.time_to_first_token
+    return histogram.sum, float(sum(histogram.counts))
