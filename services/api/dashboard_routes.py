@@ -86,7 +86,6 @@ async def _snapshot(request: Request) -> dict:
 
 
 def _ttft(metrics) -> tuple[float, float]:
-    """This api's time-to-first-token sum (s) and count (read off the histogram: the registry's lookup
-    would collect every metric)."""
+    """This api's time-to-first-token sum (s) and count."""
     histogram = metrics.time_to_first_token
     return histogram.sum, float(sum(histogram.counts))

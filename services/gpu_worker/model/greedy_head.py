@@ -1,8 +1,5 @@
-"""Greedy tokens of a float32 LM head without its logits (cpu_head_argmax.cpp's argmax_many): the
-many-row tiles' sums (cpu_f32_tiles.h), then each row's first argmax, so no [N, V] logits are
-written and read back. A head in GGUF blocks takes the rows its linear_many takes, and its tokens
-are those logits' argmax bit for bit; a plain float32 weight is packed [V/16, H, 16] for it and
-takes MIN_ROWS rows and more (fewer keep oneDNN's head). PAGEDSERVE_GREEDY_HEAD=0 turns it off."""
+"""Greedy tokens of a float32 LM head without writing its logits (cpu_head_argmax.cpp's argmax_many):
+GGUF blocks take linear_many's rows, bit for bit; a float32 weight is packed [V/16, H, 16], MIN_ROWS up."""
 
 from __future__ import annotations
 
@@ -11,22 +8,18 @@ import torch
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model.linear import PackedLinear, _env_on
 
-MIN_ROWS = 16  # a plain float32 weight's: a lone decode row keeps the bits it had
-MAX_ROWS = 1024  # a task's scratch is 3 x MAX_ROWS x 16 words
+MIN_ROWS = 16
+MAX_ROWS = 1024
 
 
 class GreedyHead:
-    """tokens(hidden [N, H] float32) -> the argmax of hidden @ weight^T per row (first on ties)."""
-
     def __init__(self, kernel, weights: torch.Tensor, scales: torch.Tensor, min_rows: int, max_rows: int) -> None:
         self.kernel = kernel
-        self.weights = weights  # int8 / uint8 GGUF blocks or float32 [V/16, H, 16]
-        self.scales = scales  # the blocks' d (and m); empty for float32
+        self.weights, self.scales = weights, scales  # GGUF blocks and their d (m), or float32 tiles and []
         self.min_rows, self.max_rows = min_rows, max_rows
 
     @classmethod
     def build(cls, head: PackedLinear) -> GreedyHead | None:
-        """For a float32 CPU head; None where the kernel is not built or the head does not tile."""
         weight = head.weight
         if not (weight.device.type == "cpu" and weight.dtype == torch.float32 and _env_on("PAGEDSERVE_GREEDY_HEAD")):
             return None
@@ -43,7 +36,7 @@ class GreedyHead:
         return cls(kernel, tiles, torch.empty(0, dtype=torch.int16), MIN_ROWS, MAX_ROWS)
 
     def tokens(self, hidden: torch.Tensor) -> list[int] | None:
-        """None outside its rows, or when a row has no logit above -inf: the caller runs the plain head."""
+        """hidden [N, H] -> each row's argmax (first on ties); None: the plain head's rows."""
         rows = hidden.shape[0]
         if not self.min_rows <= rows <= self.max_rows:
             return None
