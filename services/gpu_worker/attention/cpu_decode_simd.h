@@ -98,6 +98,9 @@ void decode_simd(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const s
   on_every_thread([&] {
     // qf [H, D] scaled query rows; acc [H, D]; p [G, BS] one group's scores, then weights
     std::vector<float> qf(H * D), acc(H * D), p(G * BS), m(H), l(H);
+    BlockPrefetch next;
+    constexpr int64_t GB = V::kLanes == 16 ? G : 1;  // heads a pass (below)
+    const int64_t steps = Hkv * (G / GB) * ((BS + V::kLanes - 1) / V::kLanes + BS);  // next.ahead() a block
     for (WorkItem item; queue.next(item);) {
       const int64_t r = item.r;
       const scalar_t* q_rows = q + rows[r] * q_stride;
@@ -110,38 +113,57 @@ void decode_simd(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const s
         const scalar_t* k_block = k_pool + table[b] * block_elems;
         const scalar_t* v_block = v_pool + table[b] * block_elems;
         if (b + 1 < item.end)
-          prefetch_block(k_pool + table[b + 1] * block_elems, v_pool + table[b + 1] * block_elems,
-                         block_elems * int64_t(sizeof(scalar_t)));
+          next.start(k_pool + table[b + 1] * block_elems, v_pool + table[b + 1] * block_elems,
+                     block_elems * int64_t(sizeof(scalar_t)), steps);
+        else
+          next.start(nullptr, nullptr, 0, steps);
         for (int64_t kv_head = 0; kv_head < Hkv; ++kv_head) {
           const int64_t h0 = kv_head * G;  // the group's first query head
           // GB heads of the group at a time: all G with 16 lanes (their rows fit in the
           // registers), one with 8 (then the block's K/V rows come from L1 again per head)
-          constexpr int GB = V::kLanes == 16 ? G : 1;
           for (int g0 = 0; g0 < G; g0 += GB) {
             typename V::T qv[GB][DV];
             for (int g = 0; g < GB; ++g)
               for (int i = 0; i < DV; ++i) qv[g][i] = V::load(qf.data() + (h0 + g0 + g) * D + V::kLanes * i);
             for (int64_t t0 = 0; t0 < num_tokens; t0 += V::kLanes) {
               const int64_t n = std::min<int64_t>(V::kLanes, num_tokens - t0);
+              next.ahead();
               typename V::T part[GB][V::kLanes];  // per head, token t0 + j's products in part[g][j]
-              for (int64_t j = 0; j < V::kLanes; ++j) {
-                if (j >= n) {
-                  for (int g = 0; g < GB; ++g) part[g][j] = V::set1(0.f);
-                  continue;
-                }
-                const scalar_t* k_row = k_block + (t0 + j) * token_stride + kv_head * D;
-                typename V::T kt[DV];
-                for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
-                for (int g = 0; g < GB; ++g) {
-                  typename V::T s = V::mul(qv[g][0], kt[0]);
-                  for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
-                  part[g][j] = s;
+              const scalar_t* k_rows = k_block + t0 * token_stride + kv_head * D;
+              if (GB == 1 && n == V::kLanes) {
+                // one head, a full vector of tokens: the kLanes dot products advance together (i
+                // outer), so kLanes independent FMA chains hide the FMA latency; per token the same
+                // operations in the same order as below
+                for (int64_t j = 0; j < V::kLanes; ++j)
+                  part[0][j] = V::mul(qv[0][0], V::load(k_rows + j * token_stride));
+                for (int i = 1; i < DV; ++i)
+                  for (int64_t j = 0; j < V::kLanes; ++j)
+                    part[0][j] = V::fmadd(qv[0][i], V::load(k_rows + j * token_stride + V::kLanes * i), part[0][j]);
+              } else {
+                for (int64_t j = 0; j < V::kLanes; ++j) {
+                  if (j >= n) {
+                    for (int g = 0; g < GB; ++g) part[g][j] = V::set1(0.f);
+                    continue;
+                  }
+                  const scalar_t* k_row = k_rows + j * token_stride;
+                  typename V::T kt[DV];
+                  for (int i = 0; i < DV; ++i) kt[i] = V::load(k_row + V::kLanes * i);
+                  for (int g = 0; g < GB; ++g) {
+                    typename V::T s = V::mul(qv[g][0], kt[0]);
+                    for (int i = 1; i < DV; ++i) s = V::fmadd(qv[g][i], kt[i], s);
+                    part[g][j] = s;
+                  }
                 }
               }
               for (int g = 0; g < GB; ++g) {
+                float* scores = p.data() + (g0 + g) * BS + t0;
+                if (n == V::kLanes) {
+                  V::store(scores, V::sum_lanes(part[g]));
+                  continue;
+                }
                 alignas(64) float sums[V::kLanes];
                 V::store(sums, V::sum_lanes(part[g]));
-                std::copy(sums, sums + n, p.data() + (g0 + g) * BS + t0);
+                for (int64_t j = 0; j < n; ++j) scores[j] = sums[j];
               }
             }
           }
@@ -156,6 +178,7 @@ void decode_simd(scalar_t* o, const scalar_t* q, const scalar_t* k_pool, const s
               for (int i = 0; i < DV; ++i) a[g][i] = V::mul(c, V::load(acc_g + V::kLanes * i));
             }
             for (int64_t t = 0; t < num_tokens; ++t) {
+              next.ahead();
               const scalar_t* v_row = v_block + t * token_stride + kv_head * D;
               typename V::T vt[DV];
               for (int i = 0; i < DV; ++i) vt[i] = V::load(v_row + V::kLanes * i);
