@@ -47,7 +47,8 @@ class Engine:
                                    max_num_batched_tokens=self.config.max_num_batched_tokens,
                                    long_prefill_token_threshold=self.config.long_prefill_token_threshold,
                                    max_model_len=self.max_model_len,
-                                   speculative_config=parse_speculative_config(self.config.speculative_config))
+                                   speculative_config=parse_speculative_config(self.config.speculative_config),
+                                   num_scheduler_steps=self.config.num_scheduler_steps)
         self._ids = itertools.count()
         self._tokenizer = None
 

@@ -163,6 +163,9 @@ class CachedRequestData(msgspec.Struct, gc=False):
     num_scheduled_tokens: int
     # speculative decoding: the last num_scheduled_tokens - 1 inputs are these guesses, verified in the step
     draft_token_ids: list[int] = msgspec.field(default_factory=list)
+    # multi-step: a decode (one token, no drafts) runs this many steps in its granted slots, each fed the
+    # last one's token; an EOS or stop token ends them, so the result holds 1..num_steps tokens, in order
+    num_steps: int = 1
 
 
 class StepPlan(msgspec.Struct, gc=False):
@@ -204,7 +207,7 @@ class PromptLogprobs(msgspec.Struct, gc=False):
 
 
 class StepResult(msgspec.Struct, gc=False):
-    """One per step: a token for each request that reached the end of its known tokens."""
+    """One per step: a token for each request that reached the end of its known tokens (num_steps: 1..n)."""
 
     step_id: int
     sampled: list[SampledToken] = msgspec.field(default_factory=list)

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
                                  kv_cache_dtype=args.kv_cache_dtype,
                                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                 enable_prefix_caching=args.enable_prefix_caching))
+                                 enable_prefix_caching=args.enable_prefix_caching,
+                                 num_scheduler_steps=1))  # a step is one forward pass here
     _trace_kernels(engine)
     for r in load_workload(args.workload):
         engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=r.ignore_eos))

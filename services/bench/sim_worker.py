@@ -94,16 +94,18 @@ class SimWorker:
         for request_id in plan.finished_request_ids:
             self.known.pop(request_id, None)
         sampled: list[SampledToken] = []
-        ends = [(n.request_id, n.num_computed_tokens + n.num_scheduled_tokens, len(n.token_ids))
+        ends = [(n.request_id, n.num_computed_tokens + n.num_scheduled_tokens, len(n.token_ids), 1)
                 for n in plan.new_requests]
         for new in plan.new_requests:
             self.known[new.request_id] = len(new.token_ids)
-        ends += [(c.request_id, c.num_computed_tokens + c.num_scheduled_tokens, self.known.get(c.request_id))
-                 for c in plan.cached_requests]
-        for request_id, end, known in ends:
+        ends += [(c.request_id, c.num_computed_tokens + c.num_scheduled_tokens, self.known.get(c.request_id),
+                  c.num_steps) for c in plan.cached_requests]
+        for request_id, end, known, num_steps in ends:
             if known is not None and end >= known:
-                sampled.append(SampledToken(request_id, 10 + zlib.crc32(f"{request_id}:{known}".encode()) % VOCAB))
-                self.known[request_id] = known + 1
+                for position in range(known, known + num_steps):
+                    sampled.append(SampledToken(request_id, 10 + zlib.crc32(f"{request_id}:{position}".encode())
+                                                % VOCAB))
+                self.known[request_id] = known + num_steps
         if self.window.open():
             self.window.steps += 1
             self.window.placements += len(plan.new_requests)

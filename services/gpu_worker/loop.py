@@ -25,6 +25,7 @@ GROUP = "worker"
 HELLO_MAXLEN = 1000
 PLANS_AHEAD = 2  # plans read ahead of the step running (the scheduler has at most 2 in flight)
 STOP_POLL_S = 1.0
+MAX_STEPS_PER_PLAN = 1024
 TIER_LOAD_TIMEOUT_S = 5.0  # past it the worker computes the blocks it meant to load
 PACK_BUFFERS_FREE_BYTES = 256 << 20  # kept for packing stores: 2 steps of 2,048 tokens, SmolLM2 float32
 
@@ -195,7 +196,12 @@ def drop_bad_requests(plan: StepPlan, worker) -> list[tuple[str, str]]:
         state = worker.requests.get(cached.request_id) if cached.request_id in known else None
         end = cached.num_computed_tokens + cached.num_scheduled_tokens
         known_end = end - len(cached.draft_token_ids)  # drafts are inputs beyond the known tokens
+        multi_step = cached.num_steps != 1
+        end += cached.num_steps - 1
         why = ("unknown request" if state is None
+               else f"num_steps={cached.num_steps}" if not 1 <= cached.num_steps <= MAX_STEPS_PER_PLAN
+               else "multi-step but not one decode token" if multi_step and (
+                   cached.draft_token_ids or cached.num_scheduled_tokens != 1 or known_end != len(state.token_ids))
                else "block id out of range" if bad_blocks(cached.new_block_ids)
                else "draft token id out of range" if any(not 0 <= t < vocab for t in cached.draft_token_ids)
                else "drafts not right after its last token" if cached.draft_token_ids and not (

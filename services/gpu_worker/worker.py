@@ -148,12 +148,34 @@ class Worker:
         if not scheduled:
             return StepResult(step_id=plan.step_id, compiled_grammars=self._compiled_grammars(IDLE_COMPILE_WAIT_S))
         if self.prefault is None:
-            return self._run_step(plan, scheduled)
+            return self._run_steps(plan, scheduled)
         self.prefault.step_started()
         try:
-            return self._run_step(plan, scheduled)
+            return self._run_steps(plan, scheduled)
         finally:
             self.prefault.step_ended()
+
+    def _run_steps(self, plan: StepPlan, scheduled: list[str]) -> StepResult:
+        """The plan's step, then its multi-step requests' further decode steps (CachedRequestData.num_steps)."""
+        result = self._run_step(plan, scheduled)
+        steps_left = {c.request_id: c.num_steps - 1 for c in plan.cached_requests if c.num_steps > 1}
+        while steps_left:
+            decoding = [r for r in scheduled if steps_left.get(r, 0) > 0 and not self._stopped(self.requests[r])]
+            if not decoding:
+                break
+            for request_id in decoding:
+                self.requests[request_id].num_scheduled_tokens = 1
+                steps_left[request_id] -= 1
+            more = self._run_step(plan, decoding)
+            result.sampled += more.sampled
+            result.compiled_grammars += more.compiled_grammars
+            result.step_seconds += more.step_seconds
+        return result
+
+    def _stopped(self, state: _RequestState) -> bool:
+        """Its last token ends it (an EOS unless ignored, or a stop token): the scheduler stops it there too."""
+        last, sampling = state.token_ids[-1], state.sampling
+        return (not sampling.ignore_eos and last in self.model_config.eos_token_ids) or last in sampling.stop_token_ids
 
     def _run_step(self, plan: StepPlan, scheduled: list[str]) -> StepResult:
         started = time.perf_counter()

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                          max_waiting_requests=config.max_waiting_requests, max_waiting_tokens=config.max_waiting_tokens,
                          max_steps_in_flight=2 if config.async_scheduling else 1, stream_interval=config.stream_interval,
                          long_prefill_token_threshold=config.long_prefill_token_threshold,
-                         speculative_config=speculative)
+                         speculative_config=speculative, num_scheduler_steps=config.num_scheduler_steps)
 
     router = Router(config.router, config.prefill_weight, config.decode_weight)
     redis_io.settle_gc()

@@ -21,9 +21,9 @@ def new_request_data(request: Request, block_ids: list[int], num_scheduled_token
 
 
 def cached_request_data(request: Request, new_block_ids: list[int], num_scheduled_tokens: int,
-                        draft_token_ids: list[int] = ()) -> CachedRequestData:
+                        draft_token_ids: list[int] = (), num_steps: int = 1) -> CachedRequestData:
     return CachedRequestData(request.request_id, list(new_block_ids), request.num_computed_tokens, num_scheduled_tokens,
-                             list(draft_token_ids))
+                             list(draft_token_ids), num_steps)
 
 
 def request_delta(request: Request, new_token_ids: list[int], logprobs: list[SampledToken] = ()) -> RequestDelta:

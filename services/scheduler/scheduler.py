@@ -13,6 +13,7 @@ from collections import deque
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
 from pagedserve.services.scheduler.fork import ForkGroups
 from pagedserve.services.scheduler.grammar_gate import GrammarGate
+from pagedserve.services.scheduler.multi_step import plan_steps
 from pagedserve.services.scheduler.policy import SchedulingPolicy, displacement_reach
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_messages import (
@@ -23,7 +24,7 @@ from pagedserve.services.scheduler.request_messages import (
 )
 from pagedserve.services.scheduler.speculation import Speculator
 from pagedserve.services.scheduler.stats import SchedulerCounters, SchedulerStats
-from pagedserve.services.scheduler.step import CandidateStep, InFlightStep, ScheduledRequest, build_candidates
+from pagedserve.services.scheduler.step import CandidateStep, InFlightStep, build_candidates, plan_tokens
 from pagedserve.shared.messages import (
     ALLOC_OK,
     ALLOC_PREEMPTED,
@@ -53,9 +54,11 @@ class Scheduler:
         stream_interval: int = SchedulerConfig.stream_interval,
         long_prefill_token_threshold: int = SchedulerConfig.long_prefill_token_threshold,
         speculative_config: SpeculativeConfig | None = None,
+        num_scheduler_steps: int = SchedulerConfig.num_scheduler_steps,
     ) -> None:
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,  # the validation
                         long_prefill_token_threshold=long_prefill_token_threshold, stream_interval=stream_interval,
+                        num_scheduler_steps=num_scheduler_steps,
                         max_waiting_requests=max_waiting_requests, max_waiting_tokens=max_waiting_tokens)
         if max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
@@ -67,6 +70,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.num_scheduler_steps = num_scheduler_steps
         self.max_model_len = max_model_len
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_tokens = max_waiting_tokens
@@ -211,6 +215,8 @@ class Scheduler:
         )
         if self._speculating:
             self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
+        else:
+            plan_steps(self._pending, self.num_scheduler_steps, self.max_model_len, self.max_num_batched_tokens)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
         filled, self._tier_filled = self._tier_filled, []
@@ -251,17 +257,20 @@ class Scheduler:
                 request.is_fresh_fork = False
                 plan.new_requests.append(new_request_data(request, result.new_block_ids, num_scheduled))
             elif result.status == ALLOC_OK:
-                num_scheduled = pending.num_scheduled.get(request.request_id, candidate.num_new_tokens)
+                num_steps = pending.num_steps.get(request.request_id, 1)
+                num_scheduled = 1 if num_steps > 1 else pending.num_scheduled.get(request.request_id,
+                                                                                   candidate.num_new_tokens)
                 drafts = pending.drafts.get(request.request_id, [])
-                plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled, drafts))
-                in_flight.scheduled.append(self._plan_tokens(request, num_scheduled, drafts))
+                plan.cached_requests.append(cached_request_data(request, result.new_block_ids, num_scheduled, drafts,
+                                                                num_steps))
+                in_flight.scheduled.append(plan_tokens(request, num_scheduled, self._counters, drafts, num_steps))
                 continue
             elif result.status == ALLOC_PREEMPTED and not candidate.is_waiting:
                 preempted.append(request)
                 continue
             else:
                 continue  # not admitted: it keeps its place
-            in_flight.scheduled.append(self._plan_tokens(request, num_scheduled))
+            in_flight.scheduled.append(plan_tokens(request, num_scheduled, self._counters))
         if admitted:
             self._waiting = deque(r for r in self._waiting if r.status is not RequestStatus.RUNNING)
         self._preempt(preempted)
@@ -270,19 +279,6 @@ class Scheduler:
         self._in_flight.append(in_flight)
         self._apply_aborts_after_alloc()
         return plan
-
-    def _plan_tokens(self, request: Request, num_scheduled: int, drafts: list[int] = ()) -> ScheduledRequest:
-        """Count a planned step's tokens as computed now (async scheduling plans ahead); drafts too,
-        until the result says how many were rejected."""
-        end = request.num_computed_tokens + num_scheduled
-        known_end = end - len(drafts)
-        entry = ScheduledRequest(request, num_scheduled,
-                                 samples=known_end == request.num_tokens + request.num_pending_tokens,
-                                 completes=known_end == request.num_tokens_to_compute, draft_token_ids=list(drafts))
-        self._counters.count_computed(request, num_scheduled)
-        request.num_computed_tokens = end
-        request.num_pending_tokens += entry.samples
-        return entry
 
     def on_result(self, result: StepResult) -> list[RequestDelta]:
         if not self._in_flight or result.step_id != self._in_flight[0].step_id:
@@ -307,12 +303,15 @@ class Scheduler:
                 if entry.completes and request.status is RequestStatus.RUNNING and self._forks.is_ready(request):
                     self._fork(request)
                 continue
-            tokens = [sampled[request.request_id]]
+            tokens = sampled[request.request_id]
             if entry.draft_token_ids:
                 tokens[:0] = self._speculator.verdict(request, entry.draft_token_ids,
                                                       accepted.get(request.request_id, []))
-            request.num_pending_tokens -= 1
+            request.num_pending_tokens -= entry.num_steps
             finished_status = self._append_tokens(request, tokens)
+            if finished_status is None and len(tokens) < entry.num_steps:
+                raise ValueError(f"step result ends {request.request_id!r} after {len(tokens)} of its "
+                                 f"{entry.num_steps} steps without a stop")
             if finished_status is not None:
                 finished.append(request)
             delta = stream_delta(request, self.stream_interval, finished_status is not None)

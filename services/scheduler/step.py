@@ -32,6 +32,8 @@ class CandidateStep:
     # speculation.py: drafts by request, and tokens to run where that differs from num_new_tokens
     drafts: dict[str, list[int]] = field(default_factory=dict)
     num_scheduled: dict[str, int] = field(default_factory=dict)
+    # multi_step.py: decode steps by request where more than one (num_new_tokens counts their slots)
+    num_steps: dict[str, int] = field(default_factory=dict)
 
 
 def build_candidates(
@@ -121,6 +123,7 @@ class ScheduledRequest:
     samples: bool  # the step reaches the end of its tokens: the worker samples one
     completes: bool  # the step reaches num_tokens_to_compute
     draft_token_ids: list[int] = field(default_factory=list)  # verified in this step (speculation.py)
+    num_steps: int = 1  # decode steps in the plan (multi_step.py): 1..num_steps sampled tokens
 
 
 @dataclass
@@ -128,18 +131,22 @@ class InFlightStep:
     step_id: int
     scheduled: list[ScheduledRequest] = field(default_factory=list)
 
-    def sampled_tokens(self, result: StepResult) -> dict[str, SampledToken]:
-        """The result's tokens by request id; ValueError if they disagree with the plan."""
-        sampled = {token.request_id: token for token in result.sampled}
-        if len(sampled) != len(result.sampled):
-            raise ValueError("step result samples twice for one request")
+    def sampled_tokens(self, result: StepResult) -> dict[str, list[SampledToken]]:
+        """The result's tokens by request id, in order; ValueError if they disagree with the plan."""
+        sampled: dict[str, list[SampledToken]] = {}
+        for token in result.sampled:
+            sampled.setdefault(token.request_id, []).append(token)
         scheduled_ids = set()
         for entry in self.scheduled:
-            scheduled_ids.add(entry.request.request_id)
+            request_id = entry.request.request_id
+            scheduled_ids.add(request_id)
             if entry.request.is_finished:
                 continue
-            if entry.samples != (entry.request.request_id in sampled):
-                raise ValueError(f"step result and plan disagree on {entry.request.request_id!r}")
+            got = len(sampled.get(request_id, ()))
+            if got > entry.num_steps:
+                raise ValueError(f"step result samples {got} tokens for {request_id!r} in {entry.num_steps} steps")
+            if entry.samples != (got > 0):
+                raise ValueError(f"step result and plan disagree on {request_id!r}")
         if not scheduled_ids.issuperset(sampled):
             raise ValueError("step result samples for a request that was not scheduled")
         return sampled
@@ -154,3 +161,17 @@ class InFlightStep:
             if len(tokens) > drafted.get(request_id, 0):
                 raise ValueError(f"step result accepts more drafts than {request_id!r} had")
         return accepted
+
+
+def plan_tokens(request: Request, num_scheduled: int, counters, drafts: list[int] = (),
+                num_steps: int = 1) -> ScheduledRequest:
+    """Count a planned step's tokens (drafts, further decode steps) as computed now: async scheduling plans ahead."""
+    end = request.num_computed_tokens + num_scheduled
+    known_end = end - len(drafts)
+    entry = ScheduledRequest(request, num_scheduled, samples=known_end == request.num_tokens + request.num_pending_tokens,
+                             completes=known_end == request.num_tokens_to_compute, draft_token_ids=list(drafts),
+                             num_steps=num_steps)
+    counters.count_computed(request, num_scheduled + num_steps - 1)
+    request.num_computed_tokens = end + num_steps - 1
+    request.num_pending_tokens += num_steps if entry.samples else 0
+    return entry

@@ -38,8 +38,8 @@ def test_the_service_the_engine_and_the_core_share_each_default():
                                                                      for f in fields(StepLimits)]
     core = inspect.signature(Scheduler).parameters
     shared = [name for name in NAMES if name in core]
-    assert shared == ["max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold", "stream_interval",
-                      "max_waiting_requests", "max_waiting_tokens"]
+    assert shared == ["max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold", "num_scheduler_steps",
+                      "stream_interval", "max_waiting_requests", "max_waiting_tokens"]
     assert {name: core[name].default for name in shared} == {name: getattr(defaults, name) for name in shared}
 
 

@@ -67,7 +67,7 @@ def test_a_dead_workers_requests_finish_on_the_survivor_with_the_same_tokens():
         workers.place(request, fresh=True)
     doubles = {w: (CountingAllocator(64, BS), FakeWorker(BS)) for w in workers.lanes}
     records = []
-    for _ in range(4):  # a few tokens each, then w1 dies
+    for _ in range(2):  # a prefill and a few tokens each, then w1 dies
         for worker_id, lane in workers.lanes.items():
             records.append(run_step(lane.sched, *doubles[worker_id]))
     on_w1 = [r for r in prompts if lane_of(workers, r) == "w1"]

@@ -165,23 +165,25 @@ class FakeWorker:
             self.requests[new.request_id] = _WorkerRequest(
                 list(new.token_ids), list(new.block_ids), new.num_computed_tokens
             )
-            scheduled.append((new.request_id, new.num_scheduled_tokens))
+            scheduled.append((new.request_id, new.num_scheduled_tokens, 1))
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             assert state.num_computed_tokens == cached.num_computed_tokens
             state.block_ids.extend(cached.new_block_ids)
-            scheduled.append((cached.request_id, cached.num_scheduled_tokens))
+            scheduled.append((cached.request_id, cached.num_scheduled_tokens, cached.num_steps))
         result = StepResult(plan.step_id)
-        for request_id, num_scheduled in scheduled:
+        for request_id, num_scheduled, num_steps in scheduled:
             state = self.requests[request_id]
-            assert num_scheduled >= 1
-            state.num_computed_tokens += num_scheduled
-            assert state.num_computed_tokens <= len(state.token_ids)
-            assert len(state.block_ids) * self.block_size >= state.num_computed_tokens
-            if state.num_computed_tokens == len(state.token_ids):
-                token_id = self.token_fn(request_id, len(state.token_ids))
-                state.token_ids.append(token_id)
-                result.sampled.append(SampledToken(request_id, token_id))
+            assert num_scheduled >= 1 and (num_steps == 1 or num_scheduled == 1)
+            for _ in range(num_steps):  # a multi-step plan runs every step (stops are the scheduler's)
+                state.num_computed_tokens += num_scheduled
+                assert state.num_computed_tokens <= len(state.token_ids)
+                assert len(state.block_ids) * self.block_size >= state.num_computed_tokens
+                if state.num_computed_tokens == len(state.token_ids):
+                    token_id = self.token_fn(request_id, len(state.token_ids))
+                    state.token_ids.append(token_id)
+                    result.sampled.append(SampledToken(request_id, token_id))
+                num_scheduled = 1
         return result
 
 
@@ -268,8 +270,10 @@ def make_stack(
     token_fn: Callable[[str, int], int] = token_at,
     max_steps_in_flight: int = 1,
     stream_interval: int = 1,
+    num_scheduler_steps: int = 1,  # a plan per token: the tests count steps; multi-step has its own
 ) -> tuple[Scheduler, CountingAllocator, FakeWorker]:
     scheduler = Scheduler(FCFSPolicy(), max_num_seqs, max_num_batched_tokens, max_model_len,
-                          max_steps_in_flight=max_steps_in_flight, stream_interval=stream_interval)
+                          max_steps_in_flight=max_steps_in_flight, stream_interval=stream_interval,
+                          num_scheduler_steps=num_scheduler_steps)
     allocator = CountingAllocator(num_blocks, block_size, prefix_hits)
     return scheduler, allocator, FakeWorker(block_size, token_fn)

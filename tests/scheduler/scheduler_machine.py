@@ -66,10 +66,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 4),
         token_budget=st.integers(1, 48),
         num_blocks=st.integers(12, 20),
+        num_scheduler_steps=st.sampled_from([1, 2, 4]),
     )
-    def setup(self, max_num_seqs, token_budget, num_blocks):
+    def setup(self, max_num_seqs, token_budget, num_blocks, num_scheduler_steps):
         self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs, token_budget, MAX_MODEL_LEN,
-                                   max_steps_in_flight=self.max_steps_in_flight)
+                                   max_steps_in_flight=self.max_steps_in_flight, num_scheduler_steps=num_scheduler_steps)
         self.planned: deque[PlannedStep] = deque()
         self.num_blocks = num_blocks
         self.allocator = self.make_allocator(num_blocks)

@@ -15,7 +15,7 @@ from tests.scheduler.outcomes import finish_reasons, outputs_by_request
 
 
 def _stack(policy, max_num_seqs=2, max_num_batched_tokens=64, num_blocks=256):
-    scheduler = Scheduler(policy, max_num_seqs, max_num_batched_tokens, max_model_len=1024)
+    scheduler = Scheduler(policy, max_num_seqs, max_num_batched_tokens, max_model_len=1024, num_scheduler_steps=1)
     return scheduler, CountingAllocator(num_blocks, 4), FakeWorker(4)
 
 

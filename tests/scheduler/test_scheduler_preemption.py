@@ -73,7 +73,7 @@ def test_the_least_important_running_request_is_preempted_and_recomputed():
 
 
 def test_a_preempted_request_goes_back_to_the_front_of_waiting():
-    scheduler = Scheduler(AsQueuedPolicy(), max_num_seqs=2, max_num_batched_tokens=32)
+    scheduler = Scheduler(AsQueuedPolicy(), max_num_seqs=2, max_num_batched_tokens=32, num_scheduler_steps=1)
     allocator, worker = CountingAllocator(num_blocks=7, block_size=4), FakeWorker(block_size=4)
     for request in _two_requests() + [make_request("c", num_prompt_tokens=8, arrival_time=2.0)]:
         scheduler.add_request(request)

@@ -104,7 +104,7 @@ def run(prompts: list[list[int]], params: list[SamplingParams], num_blocks: int,
     the next is planned (if it pays) before the oldest result is read."""
     scheduler = Scheduler(FCFSPolicy(), max_num_batched_tokens=budget, max_model_len=256,
                           long_prefill_token_threshold=0, speculative_config=speculative,
-                          max_steps_in_flight=steps_in_flight)
+                          max_steps_in_flight=steps_in_flight, num_scheduler_steps=1)
     manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=prefix_caching, watermark=0.0)
     worker = VerifyingWorker()
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):

@@ -56,7 +56,7 @@ def test_the_wire_form_is_a_versioned_map_of_fields():
     data = msgpack.unpackb(codec.pack(CachedRequestData("b", [1, 2, 70000], 40, 1)), raw=False)
     assert data == {"v": VERSION, "t": "CachedRequestData", "d": {
         "request_id": "b", "new_block_ids": [1, 2, 70000], "num_computed_tokens": 40, "num_scheduled_tokens": 1,
-        "draft_token_ids": []}}
+        "draft_token_ids": [], "num_steps": 1}}
 
 
 def test_numpy_scalars_are_written_as_numbers():
