@@ -7,11 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pagedserve.services.gpu_worker.model.bf16_gemm import float32_from_rows
 from pagedserve.services.gpu_worker.model.linear import PackedLinear, packing_enabled
 
 
 @pytest.mark.parametrize("num_rows", [1, 7, 64, 300])
-def test_packed_bf16_equals_f_linear(num_rows):
+def test_packed_bf16_equals_f_linear(num_rows, monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_BF16_F32_ROWS", "0")  # oneDNN's bf16 product throughout
+    float32_from_rows.cache_clear()
     gen = torch.Generator().manual_seed(num_rows)
     weight = torch.randn(96, 48, generator=gen).to(torch.bfloat16)
     x = torch.randn(num_rows, 48, generator=gen).to(torch.bfloat16)

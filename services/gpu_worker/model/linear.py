@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
+from pagedserve.services.gpu_worker.model.bf16_gemm import float32_from_rows, via_float32
 
 PACK_BATCH_HINT = 64
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
@@ -48,6 +49,10 @@ def _mkldnn_bf16() -> bool:
     mkldnn = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and hasattr(mkldnn, "_is_mkldnn_bf16_supported") and bool(mkldnn._is_mkldnn_bf16_supported()))
+
+
+def bf16_packed(packed, weight: torch.Tensor) -> bool:
+    return packed is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
 
 
 def small_m_kernel(weight: torch.Tensor):
@@ -100,6 +105,7 @@ class PackedLinear:
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
                        if pack and packing_enabled(weight) else None)
         self.gemv = small_m_kernel(weight) if pack else None
+        self.float32_from_rows = float32_from_rows() if bf16_packed(self.packed, weight) else 0
         self.gemv_packed = self.gemv_q4 = self.gemv_q8 = None
         bf16 = self.packed is not None and weight.dtype == torch.bfloat16
         if self.gemv is None or blocks is None or not _blocks_are_weight(blocks, weight):
@@ -147,4 +153,6 @@ class PackedLinear:
             return out
         if self.packed is None:
             return F.linear(x, self.weight)
+        if self.float32_from_rows and x.shape[0] >= self.float32_from_rows:
+            return via_float32(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
