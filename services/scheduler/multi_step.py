@@ -1,12 +1,36 @@
 """Multi-step decoding (vLLM's --num-scheduler-steps): a step where every candidate decodes becomes up to N
 decode steps in one plan, so the scheduler, kvstore and api wake once per N tokens. Each candidate is granted
 the slots of all its steps, within max_tokens, max_model_len (tokens in flight counted) and the token budget;
-the worker ends its steps at an EOS or stop token. A step with a prefill or a waiting candidate runs once."""
+the worker ends its steps at an EOS or stop token. A step with a prefill or a waiting candidate runs once, and
+a plan lasts about MAX_PLAN_SECONDS at most, so an arrival waits little for the plans in flight."""
 
 from __future__ import annotations
 
 from pagedserve.services.scheduler.request import Request
-from pagedserve.services.scheduler.step import CandidateStep
+from pagedserve.services.scheduler.step import CandidateStep, InFlightStep
+
+MAX_PLAN_SECONDS = 0.2  # a plan's decode steps last about this at most: what an arrival may wait per plan
+DECAY = 0.8
+
+
+class PlanLength:
+    """Steps a plan may take: --num-scheduler-steps, fewer where decode steps are slow (measured)."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.step_seconds = 0.0  # a decode step's moving average; 0: none measured yet
+
+    def observe(self, step: InFlightStep, step_seconds: float) -> None:
+        num_steps = max((e.num_steps for e in step.scheduled), default=0)
+        if step_seconds <= 0 or not num_steps or any(e.num_scheduled != 1 or e.draft_token_ids for e in step.scheduled):
+            return
+        seconds = step_seconds / num_steps
+        self.step_seconds = seconds if not self.step_seconds else DECAY * self.step_seconds + (1 - DECAY) * seconds
+
+    def steps(self) -> int:
+        if self.step_seconds <= 0:
+            return self.max_steps
+        return max(1, min(self.max_steps, int(MAX_PLAN_SECONDS / self.step_seconds)))
 
 
 def decode_steps(request: Request, max_steps: int, max_model_len: int) -> int:

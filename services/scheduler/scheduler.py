@@ -13,7 +13,7 @@ from collections import deque
 from pagedserve.services.scheduler.admission import admission_table, queue_stats
 from pagedserve.services.scheduler.fork import ForkGroups
 from pagedserve.services.scheduler.grammar_gate import GrammarGate
-from pagedserve.services.scheduler.multi_step import plan_steps
+from pagedserve.services.scheduler.multi_step import PlanLength, plan_steps
 from pagedserve.services.scheduler.policy import SchedulingPolicy, displacement_reach
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_messages import (
@@ -70,7 +70,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.num_scheduler_steps = num_scheduler_steps
+        self.plan_length = PlanLength(num_scheduler_steps)
         self.max_model_len = max_model_len
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_tokens = max_waiting_tokens
@@ -216,7 +216,7 @@ class Scheduler:
         if self._speculating:
             self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
         else:
-            plan_steps(self._pending, self.num_scheduler_steps, self.max_model_len, self.max_num_batched_tokens)
+            plan_steps(self._pending, self.plan_length.steps(), self.max_model_len, self.max_num_batched_tokens)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
         filled, self._tier_filled = self._tier_filled, []
@@ -291,6 +291,8 @@ class Scheduler:
         in_flight = self._in_flight.popleft()
         if self._speculating:
             self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
+        else:
+            self.plan_length.observe(in_flight, result.step_seconds)
         if result.compiled_grammars:
             self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.services.scheduler.multi_step import MAX_PLAN_SECONDS, PlanLength
+from pagedserve.services.scheduler.step import InFlightStep, ScheduledRequest
 from pagedserve.shared.messages import SampledToken, StepResult
 from tests.scheduler.fakes import (
     EOS,
@@ -124,3 +126,33 @@ def test_a_result_past_the_steps_is_refused():
     plan = scheduler.on_alloc(allocator.step(scheduler.schedule()))
     with pytest.raises(ValueError, match="samples 3 tokens"):
         scheduler.on_result(StepResult(plan.step_id, [SampledToken("a", 7)] * 3))
+
+
+def _decode_step(*num_steps: int, num_scheduled: int = 1) -> InFlightStep:
+    request = make_request("a")
+    return InFlightStep(0, [ScheduledRequest(request, num_scheduled, samples=True, completes=True, num_steps=n)
+                            for n in num_steps])
+
+
+def test_a_plan_takes_fewer_steps_where_decode_steps_are_slow():
+    length = PlanLength(8)
+    assert length.steps() == 8  # nothing measured yet
+    length.observe(_decode_step(4, 2), 4 * 0.010)  # 10 ms a step
+    assert length.step_seconds == pytest.approx(0.010) and length.steps() == 8
+    length.observe(_decode_step(1, num_scheduled=300), 3.0)  # a prefill chunk: not a decode step's time
+    length.observe(_decode_step(1), 0.0)  # not measured
+    assert length.step_seconds == pytest.approx(0.010)
+    for _ in range(40):
+        length.observe(_decode_step(1, 1), MAX_PLAN_SECONDS / 2.5)
+    assert length.steps() == 2
+    for _ in range(40):
+        length.observe(_decode_step(1), 1.0)
+    assert length.steps() == 1
+
+
+def test_slow_decode_steps_plan_one_step_at_a_time():
+    scheduler, allocator, worker = make_stack(num_scheduler_steps=4)
+    scheduler.plan_length.step_seconds = MAX_PLAN_SECONDS  # as if measured
+    scheduler.add_request(make_request("a", num_prompt_tokens=4, max_tokens=6))
+    records = run_until_done(scheduler, allocator, worker)
+    assert steps_planned(records, "a") == [1] * 5
