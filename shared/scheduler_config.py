@@ -58,7 +58,7 @@ class StepLimits:
         256, "most tokens one prompt prefills per step, fewer past 2048 tokens of context, so a long prompt "
              "leaves room for others (0: no cap)", minimum=0)
     num_scheduler_steps: int = option(
-        4, "decode steps the worker runs per plan while every scheduled request decodes (vLLM's multi-step "
+        8, "decode steps the worker runs per plan while every scheduled request decodes (vLLM's multi-step "
            "scheduling): the scheduler, kvstore and api wake once per N tokens; a new request waits up to N "
            "steps for its prefill (1: a plan per token)", minimum=1)
 

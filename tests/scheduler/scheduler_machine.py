@@ -66,7 +66,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 4),
         token_budget=st.integers(1, 48),
         num_blocks=st.integers(12, 20),
-        num_scheduler_steps=st.sampled_from([1, 2, 4]),
+        num_scheduler_steps=st.sampled_from([1, 2, 4, 8]),
     )
     def setup(self, max_num_seqs, token_budget, num_blocks, num_scheduler_steps):
         self.scheduler = Scheduler(FCFSPolicy(), max_num_seqs, token_budget, MAX_MODEL_LEN,
