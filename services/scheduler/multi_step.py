@@ -9,7 +9,7 @@ from __future__ import annotations
 from pagedserve.services.scheduler.request import Request
 from pagedserve.services.scheduler.step import CandidateStep, InFlightStep
 
-MAX_PLAN_SECONDS = 0.2  # a plan's decode steps last about this at most: what an arrival may wait per plan
+MAX_PLAN_SECONDS = 1.0  # a plan's decode steps last about this at most: what an arrival may wait per plan
 DECAY = 0.8
 
 
