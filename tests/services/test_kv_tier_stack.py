@@ -23,10 +23,12 @@ def prompt(seed: int, num_tokens: int) -> list[int]:
 @pytest.fixture(scope="module")
 def small_pool_stack(tmp_path_factory):
     # 16 blocks: one 200-token prompt pushes another's prefix out of the pool; a step timeout that a
-    # slow shared machine does not reach (a reset would empty the pool these tests count hits in)
+    # slow shared machine does not reach (a reset would empty the pool these tests count hits in); one
+    # step a plan: a request's tier pins end STEPS_IN_FLIGHT steps after its admission, which a short
+    # request in multi-step plans may not outlast (they end at the next request's steps instead)
     stack = start_backend(tmp_path_factory.mktemp("tier"), args={
         "worker": ["--dtype", "float32", "--num-blocks", "16", "--worker-id", "0"],
-        "scheduler": ["--step-timeout", "300"]})
+        "scheduler": ["--step-timeout", "300", "--num-scheduler-steps", "1"]})
     yield stack
     stack.close()
 
