@@ -3,12 +3,15 @@ rounded once, taken from the measured number of rows on, never below it."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pagedserve.services.gpu_worker.model import bf16_gemm
 from pagedserve.services.gpu_worker.model.linear import PackedLinear, packing_enabled
+from pagedserve.shared.config_error import ConfigError
 
 
 @pytest.fixture
@@ -63,3 +66,11 @@ def test_the_probe_answers_never_or_a_row_count_past_the_few_row_kernels(monkeyp
     monkeypatch.delenv("PAGEDSERVE_BF16_F32_ROWS", raising=False)
     rows = bf16_gemm._probe()
     assert rows == 0 or rows >= bf16_gemm.MIN_ROWS
+
+
+@pytest.mark.parametrize("text", ["many", "-1", "1.5", ""])
+def test_a_bad_forced_row_count_names_the_variable(from_rows, text):
+    from_rows(0)
+    os.environ["PAGEDSERVE_BF16_F32_ROWS"] = text  # the fixture's monkeypatch restores it
+    with pytest.raises(ConfigError, match="PAGEDSERVE_BF16_F32_ROWS"):
+        bf16_gemm.float32_from_rows()

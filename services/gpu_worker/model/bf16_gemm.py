@@ -13,6 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from pagedserve.shared.config_error import ConfigError
+
 log = logging.getLogger("pagedserve.worker")
 
 PROBE_SHAPE = (256, 1024, 1024)
@@ -30,7 +32,9 @@ def float32_from_rows() -> int:
     """The fewest rows from which a bf16 product on the CPU runs via_float32; 0: never."""
     forced = os.environ.get("PAGEDSERVE_BF16_F32_ROWS")
     if forced is not None:
-        return max(0, int(forced))
+        if not forced.strip().isdigit():
+            raise ConfigError(f"invalid PAGEDSERVE_BF16_F32_ROWS={forced!r}: a row count >= 0 (0: never)")
+        return int(forced)
     rows = _probe()
     log.info("bf16 products of %s rows run as float32 (this CPU's float32 GEMM is faster)", rows or "no")
     return rows
