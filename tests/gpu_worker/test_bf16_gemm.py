@@ -62,9 +62,14 @@ def test_zero_turns_it_off_and_float32_weights_never_take_it(from_rows):
     assert PackedLinear(weight.float()).float32_from_rows == 0
 
 
-def test_the_probe_answers_never_or_a_row_count_past_the_few_row_kernels(monkeypatch):
+def test_off_unless_asked_and_auto_measures(monkeypatch):
     monkeypatch.delenv("PAGEDSERVE_BF16_F32_ROWS", raising=False)
-    rows = bf16_gemm._probe()
+    bf16_gemm.float32_from_rows.cache_clear()
+    assert bf16_gemm.float32_from_rows() == 0
+    monkeypatch.setenv("PAGEDSERVE_BF16_F32_ROWS", "auto")
+    bf16_gemm.float32_from_rows.cache_clear()
+    rows = bf16_gemm.float32_from_rows()
+    bf16_gemm.float32_from_rows.cache_clear()
     assert rows == 0 or rows >= bf16_gemm.MIN_ROWS
 
 

@@ -1,6 +1,7 @@
 """Where this CPU's bf16 GEMM is slower than its float32 one (oneDNN's bf16 brgemm without AMX on some Xeons),
 a bf16 product of at least float32_from_rows() rows widens weight and rows to float32 and rounds back: the
-products are exact in float32 and both kernels sum in float32. PAGEDSERVE_BF16_F32_ROWS=N forces N (0: never).
+products are exact in float32 and both sum in float32, in other orders. Off unless PAGEDSERVE_BF16_F32_ROWS is N
+or auto (measured): a row's result then depends on whether its step reached N rows (seeded text can differ).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def via_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def float32_from_rows() -> int:
     """The fewest rows from which a bf16 product on the CPU runs via_float32; 0: never."""
-    forced = os.environ.get("PAGEDSERVE_BF16_F32_ROWS")
-    if forced is not None:
+    forced = os.environ.get("PAGEDSERVE_BF16_F32_ROWS", "0")
+    if forced.strip() != "auto":
         if not forced.strip().isdigit():
-            raise ConfigError(f"invalid PAGEDSERVE_BF16_F32_ROWS={forced!r}: a row count >= 0 (0: never)")
+            raise ConfigError(f"invalid PAGEDSERVE_BF16_F32_ROWS={forced!r}: a row count >= 0 (0: never) or auto")
         return int(forced)
     rows = _probe()
     log.info("bf16 products of %s rows run as float32 (this CPU's float32 GEMM is faster)", rows or "no")
