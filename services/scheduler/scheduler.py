@@ -215,7 +215,7 @@ class Scheduler:
         )
         if self._speculating:
             self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
-        else:
+        if not self._speculating or self._speculator.drafting_off():
             plan_steps(self._pending, self.plan_length.steps(), self.max_model_len, self.max_num_batched_tokens)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False
@@ -290,9 +290,9 @@ class Scheduler:
         self._tier_filled += result.tier_filled
         in_flight = self._in_flight.popleft()
         if self._speculating:
-            self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds)
-        else:
-            self.plan_length.observe(in_flight, result.step_seconds)
+            steps = max((e.num_steps for e in in_flight.scheduled), default=1)
+            self._speculator.observe_step(sum(e.num_scheduled for e in in_flight.scheduled), result.step_seconds / steps)
+        self.plan_length.observe(in_flight, result.step_seconds)
         if result.compiled_grammars:
             self.grammars.compiled(result.compiled_grammars)
         deltas, self._abort_deltas = self._abort_deltas, []

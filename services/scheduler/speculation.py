@@ -1,5 +1,4 @@
-"""Speculative decoding on the scheduler's side: drafts for decoding requests, lookahead slots, and
-taking the worker's verdict.
+"""Speculative decoding on the scheduler's side: drafts, lookahead slots and the worker's verdict.
 
 A request decoding alone (nothing in flight, every known token but the last computed) gets up to k
 n-gram or suffix drafts within the step's leftover token budget; the step computes its last token and the
@@ -8,9 +7,9 @@ KV slots stay with the request as spare slots (the kvstore holds num_computed_to
 and the next steps use them before asking the kvstore for more, so no slot leaks or is counted twice.
 
 With async scheduling a decoding request always has its next token in flight, so nothing is known to
-draft from. A request that expects drafts (its last ones were accepted, or its known tokens end in a
-recurring n-gram) is held out of the step planned while its token is in flight and drafts in the
-next; the others keep the overlap, so a batch with nothing to draft loses nothing.
+draft from. A request that expects drafts (its last ones were accepted, or its known tokens end in a recurring
+n-gram) is held out of the step planned while its token is in flight and drafts in the next; the others keep
+the overlap. Where no draft pays at any rate (a large batch), decodes run multi-step plans (multi_step.py).
 """
 
 from __future__ import annotations
@@ -160,6 +159,10 @@ class Speculator:
             return False
         return request.expects_drafts or (request.num_output_tokens >= request.spec_backoff_until
                                           and bool(self._propose(request, 1)))
+
+    def drafting_off(self) -> bool:
+        """No draft pays in a step like the last one planned, at any rate: its decodes may run multi-step."""
+        return self.config is None or self._threshold() > 1.0
 
     def _pays(self, request: Request) -> bool:
         """Some drafts would pay in a step like the last one planned."""

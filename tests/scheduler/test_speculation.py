@@ -53,6 +53,7 @@ class VerifyingWorker:
         self.computed: dict[str, int] = {}
         self.slots: dict[int, tuple[int, int]] = {}
         self.num_draft_steps = 0
+        self.num_multi_steps = 0  # further steps of multi-step plans
 
     def _slot(self, request_id: str, position: int) -> int:
         return self.blocks[request_id][position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
@@ -71,7 +72,19 @@ class VerifyingWorker:
             self.blocks[cached.request_id] += cached.new_block_ids
             work.append((cached.request_id, cached.num_computed_tokens, cached.num_scheduled_tokens,
                          list(cached.draft_token_ids)))
-        result = StepResult(plan.step_id)
+            assert cached.num_steps == 1 or (cached.num_scheduled_tokens == 1 and not cached.draft_token_ids)
+        result = self._step(plan.step_id, work)
+        more = {c.request_id: c.num_steps - 1 for c in plan.cached_requests if c.num_steps > 1}
+        while any(more.values()):  # a multi-step plan: its further decode steps, the last token fed back
+            work = [(r, self.computed[r], 1, []) for r, n in more.items() if n > 0]
+            more = {r: n - 1 for r, n in more.items()}
+            self.num_multi_steps += 1
+            step = self._step(plan.step_id, work)
+            result.sampled += step.sampled
+        return result
+
+    def _step(self, step_id: int, work: list[tuple[str, int, int, list[int]]]) -> StepResult:
+        result = StepResult(step_id)
         for request_id, start, n, drafts in work:  # as the forward pass: the whole step's K/V first
             tokens = self.tokens[request_id]
             inputs = tokens[start:start + n - len(drafts)] + drafts
@@ -99,14 +112,14 @@ class VerifyingWorker:
 
 def run(prompts: list[list[int]], params: list[SamplingParams], num_blocks: int, prefix_caching: bool,
         speculative: SpeculativeConfig | None, budget: int = 64,
-        steps_in_flight: int = 1) -> tuple[list[list[int]], Scheduler, int]:
+        steps_in_flight: int = 1, num_scheduler_steps: int = 1) -> tuple[list[list[int]], Scheduler, int]:
     """Drive scheduler, BlockManager and worker as the scheduler service does: with 2 steps in flight
     the next is planned (if it pays) before the oldest result is read."""
     scheduler = Scheduler(FCFSPolicy(), max_num_batched_tokens=budget, max_model_len=256,
                           long_prefill_token_threshold=0, speculative_config=speculative,
-                          max_steps_in_flight=steps_in_flight, num_scheduler_steps=1)
+                          max_steps_in_flight=steps_in_flight, num_scheduler_steps=num_scheduler_steps)
     manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching=prefix_caching, watermark=0.0)
-    worker = VerifyingWorker()
+    worker = run.worker = VerifyingWorker()
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         scheduler.add_request(Request(f"r{i}", prompt, p, [EOS], arrival_time=0.0))
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
@@ -230,3 +243,22 @@ def test_a_fixed_draft_length_drafts_whenever_a_lookup_matches():
         counts.append((draft_steps, c.num_draft_tokens, c.num_accepted_tokens))
         assert scheduler._speculator._acceptance == {}  # dropped as requests finish
     assert counts == [(8, 20, 18), (12, 34, 25)]
+
+
+@pytest.mark.parametrize("steps_in_flight", [1, 2])
+def test_decodes_run_several_steps_a_plan_where_no_draft_pays(steps_in_flight):
+    """A step time that grows as fast as its tokens: no draft ever pays, so the decodes run multi-step
+    plans, as without speculation, and the tokens are the same."""
+    linear = replace(NGRAM, step_costs=((1, 1.0), (2, 2.0)))
+    params = [SamplingParams(max_tokens=30, ignore_eos=True), SamplingParams(max_tokens=17, ignore_eos=True)]
+    outs, scheduler, draft_steps = run([PROMPT, PROMPT[2:]], params, 64, True, linear, steps_in_flight=steps_in_flight,
+                                       num_scheduler_steps=4)
+    assert outs == [autoregressive(p, q) for p, q in zip([PROMPT, PROMPT[2:]], params, strict=True)]
+    assert draft_steps == 0 and run.worker.num_multi_steps > 0
+
+
+def test_drafting_keeps_one_step_plans_where_drafts_pay():
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    (out,), scheduler, draft_steps = run([PROMPT], [params], 64, True, NGRAM, num_scheduler_steps=4)
+    assert out == autoregressive(PROMPT, params)
+    assert draft_steps > 0 and run.worker.num_multi_steps == 0 and not scheduler._speculator.drafting_off()
