@@ -32,59 +32,12 @@
 #include "cpu_kv_int8.h"
 #include "cpu_prefill_layout.h"  // kKeys, Prefill, lay_out (pass 1)
 #include "cpu_prefill_f32.h"     // f32::prefill
+#include "cpu_prefill_softmax.h" // exp_nonpositive, RowState, write_rows (AVX-512 BF16)
 
 namespace {
 
 #if defined(__AVX512BF16__)
-constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
-constexpr int kRows = 16;           // query rows per tile
-
-// exp(x), x <= 0: 2^n * 2^f, f in [-1/2, 1/2] by degree-6 Taylor (rel. error < 2e-7 << bf16's 4e-3)
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
-
-// One tile's online-softmax state: unnormalised O, running max m and sum l per row
-template <int DH>
-struct RowState {
-  alignas(64) float o[kRows][DH];
-  float m[kRows], l[kRows], correction[kRows];
-  RowState() {
-    std::fill(&o[0][0], &o[0][0] + kRows * DH, 0.f);
-    std::fill(m, m + kRows, kNoScore);
-    std::fill(l, l + kRows, 0.f);
-  }
-};
-
-// A tile's finished rows, O / l rounded to bf16, into out at their (position, head)
-template <int DH>
-void write_rows(uint16_t* out, const RowState<DH>& st, const Prefill& pf, int64_t row0, int64_t num_rows,
-                int64_t G, int64_t H, int64_t kv_head) {
-  const auto& o = st.o;
-  const float* l = st.l;
-  for (int r = 0; r < num_rows; ++r) {
-    const int64_t i = row0 + r;
-    uint16_t* dst = out + ((pf.q_start + i / G) * H + kv_head * G + i % G) * DH;
-    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
-    for (int dv = 0; dv < DH / 16; ++dv) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&o[r][16 * dv]), inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * dv), (__m256i)rounded);
-    }
-  }
-}
+constexpr int kSub = 4;             // layout chunks (kKeys keys each) per online-softmax update
 
 // Pass 2, one tile: rows [row0, row0 + kRows) of `pf` at kv_head; row i = position i / G, head kv_head * G + i % G
 template <int DH>
@@ -104,43 +57,60 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
   const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
   const int64_t num_chunks = last_pos / kKeys + 1;
   const int64_t first_masked_chunk = q_pos[0] / kKeys;  // chunks before it are visible to every row
-  alignas(64) uint32_t p_pairs[kRows][kKeys / 2];
+  // softmax state moves once per kSub chunks: the row max, its correction and the sum of P once per 64 keys
+  alignas(64) float scores[kRows][kSub * kKeys];
+  alignas(64) uint32_t p_pairs[kRows][kSub * kKeys / 2];
   RowState<DH> st;
   auto &o = st.o;
   float *m = st.m, *l = st.l, *correction = st.correction;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    __m512 s[kRows];
-    for (int r = 0; r < kRows; ++r) s[r] = _mm512_setzero_ps();
-    const uint32_t* kt = pf.kt + c * (DH / 2) * kKeys;
-    for (int i = 0; i < DH / 2; ++i) {
-      const __m512bh k = as_bh(_mm512_loadu_si512(kt + i * kKeys));
-      for (int r = 0; r < kRows; ++r) s[r] = _mm512_dpbf16_ps(s[r], as_bh(_mm512_set1_epi32(q_rows[r][i])), k);
-    }
-    const __m512i key_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c * kKeys)), iota);
-    for (int r = 0; r < kRows; ++r) {
-      __m512 x = _mm512_mul_ps(s[r], scale_v);
-      if (c >= first_masked_chunk) {  // keys after the row's position, and past seq_len, drop out
-        const __mmask16 visible = _mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r]));
-        x = _mm512_mask_blend_ps(visible, _mm512_set1_ps(kNoScore), x);
+  for (int64_t c0 = 0; c0 < num_chunks; c0 += kSub) {
+    const int num_sub = static_cast<int>(std::min<int64_t>(kSub, num_chunks - c0));
+    for (int u = 0; u < num_sub; ++u) {
+      const int64_t c = c0 + u;
+      __m512 s[kRows];
+      for (int r = 0; r < kRows; ++r) s[r] = _mm512_setzero_ps();
+      const uint32_t* kt = pf.kt + c * (DH / 2) * kKeys;
+      for (int i = 0; i < DH / 2; ++i) {
+        const __m512bh k = as_bh(_mm512_loadu_si512(kt + i * kKeys));
+        for (int r = 0; r < kRows; ++r) s[r] = _mm512_dpbf16_ps(s[r], as_bh(_mm512_set1_epi32(q_rows[r][i])), k);
       }
-      const float new_m = std::max(m[r], _mm512_reduce_max_ps(x));
-      const __m512 p = exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(new_m)));
+      const __m512i key_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c * kKeys)), iota);
+      for (int r = 0; r < kRows; ++r) {
+        __m512 x = _mm512_mul_ps(s[r], scale_v);
+        if (c >= first_masked_chunk) {  // keys after the row's position, and past seq_len, drop out
+          const __mmask16 visible = _mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r]));
+          x = _mm512_mask_blend_ps(visible, _mm512_set1_ps(kNoScore), x);
+        }
+        _mm512_store_ps(&scores[r][u * kKeys], x);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      __m512 top = _mm512_load_ps(&scores[r][0]);
+      for (int u = 1; u < num_sub; ++u) top = _mm512_max_ps(top, _mm512_load_ps(&scores[r][u * kKeys]));
+      const float new_m = std::max(m[r], _mm512_reduce_max_ps(top));
+      const __m512 shift = _mm512_set1_ps(new_m);
+      __m512 sum = _mm512_setzero_ps();
+      for (int u = 0; u < num_sub; ++u) {
+        const __m512 p = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(&scores[r][u * kKeys]), shift));
+        sum = _mm512_add_ps(sum, p);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(&p_pairs[r][u * kKeys / 2]), (__m256i)_mm512_cvtneps_pbh(p));
+      }
       const float corr = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
-      l[r] = l[r] * corr + _mm512_reduce_add_ps(p);
+      l[r] = l[r] * corr + _mm512_reduce_add_ps(sum);
       m[r] = new_m;
       correction[r] = corr;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_pairs[r]), (__m256i)_mm512_cvtneps_pbh(p));
     }
-    const uint32_t* vp = pf.vp + c * (kKeys / 2) * DH;
+    const uint32_t* vp = pf.vp + c0 * (kKeys / 2) * DH;  // chunks lie back to back: j runs over num_sub of them
+    const int num_pairs = num_sub * kKeys / 2;
     for (int r0 = 0; r0 < kRows; r0 += RG) {
       __m512 acc[RG][DV];
       for (int rr = 0; rr < RG; ++rr) {
         const __m512 corr = _mm512_set1_ps(correction[r0 + rr]);
         for (int dv = 0; dv < DV; ++dv) acc[rr][dv] = _mm512_mul_ps(_mm512_load_ps(&o[r0 + rr][16 * dv]), corr);
       }
-      for (int j = 0; j < kKeys / 2; ++j) {
+      for (int j = 0; j < num_pairs; ++j) {
         for (int dv = 0; dv < DV; ++dv) {
           const __m512bh v = as_bh(_mm512_loadu_si512(vp + j * DH + 16 * dv));
           for (int rr = 0; rr < RG; ++rr)

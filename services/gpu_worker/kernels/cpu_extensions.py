@@ -27,7 +27,7 @@ HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_b
                       ATTENTION / "cpu_decode_simd.h", ATTENTION / "cpu_decode_int8.h",
                       ATTENTION / "cpu_decode_int8_avx512.h", ATTENTION / "cpu_kv_int8.h"],
            "prefill": [ATTENTION / "cpu_kv_int8.h", ATTENTION / "cpu_prefill_layout.h",
-                       ATTENTION / "cpu_prefill_f32.h"],
+                       ATTENTION / "cpu_prefill_softmax.h", ATTENTION / "cpu_prefill_f32.h"],
            "fused": [ATTENTION / "cpu_kv_int8.h"],
            "gemv": [HERE / "cpu_tiling.h", HERE / "cpu_gemv_amx.h"],
            "gemv_f32": [HERE / "cpu_tiling.h", HERE / "cpu_f32_tiles.h"], "head_argmax": [HERE / "cpu_f32_tiles.h"]}
