@@ -215,7 +215,7 @@ class Scheduler:
         )
         if self._speculating:
             self._speculator.plan(self._pending, self.max_num_batched_tokens, self.max_model_len)
-        if not self._speculating or self._speculator.drafting_off():
+        if self._speculator.drafting_off():
             plan_steps(self._pending, self.plan_length.steps(), self.max_model_len, self.max_num_batched_tokens)
         free_request_ids, self._free_request_ids = self._free_request_ids, []
         written, self._tier_written, self._stores_unflushed = self._tier_written, [], False

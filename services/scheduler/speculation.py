@@ -161,7 +161,7 @@ class Speculator:
                                           and bool(self._propose(request, 1)))
 
     def drafting_off(self) -> bool:
-        """No draft pays in a step like the last one planned, at any rate: its decodes may run multi-step."""
+        """No speculation, or no draft pays in a step like the last one planned at any rate: multi-step may run."""
         return self.config is None or self._threshold() > 1.0
 
     def _pays(self, request: Request) -> bool:
