@@ -140,28 +140,32 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0 A (Q part / P), tmm1 B (K / V part), tmm2-3 S (keys 0-15, 16-31), tmm4 PV: 16 x 64 bytes
+// Tiles: tmm0 A (Q part, then P), tmm1-3 B (K, then V parts), tmm2-3 S (keys 0-15, 16-31), tmm4-7 P V
+// (64 dims); all 16 rows x 64 bytes
 void configure_tiles() {
   TileConfig config;
-  for (int t = 0; t < 5; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   _tile_loadconfig(&config);
 }
 
-// tile<DH>'s walk on AMX: same rows, same output, chunks of 32 keys
+constexpr int kAmxSub = 4;  // AMX chunks per online-softmax update: the row state moves once per 128 keys
+constexpr int kRoundKeys = kAmxSub * kAmxKeys;
+
+// tile<DH>'s walk on AMX: same rows, same output; S per chunk of 32 keys, the softmax per 128 keys,
+// P V summed over those chunks in tiles 4-7 before it meets O
 template <int DH>
 void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int64_t G, int64_t H,
               int64_t q_stride, int64_t kv_head, float scale) {
-  constexpr int DV = DH / 16;
   const int64_t num_rows = std::min<int64_t>(kRows, pf.q_len * G - row0);
   const int64_t first_pos = pf.seq_len - pf.q_len;
-  alignas(64) uint16_t q_tile[kRows][DH];   // A rows for S, row-major
-  alignas(64) float s[kRows][kAmxKeys];     // S of one chunk
-  alignas(64) uint16_t p[kRows][kAmxKeys];  // P in bf16, A rows for PV
-  alignas(64) float pv[kRows][16];          // P V for 16 dims
+  alignas(64) uint16_t q_tile[kRows][DH];     // A rows for S, row-major
+  alignas(64) float s[kRows][kRoundKeys];     // S of one round
+  alignas(64) uint16_t p[kRows][kRoundKeys];  // P in bf16, A rows for PV
+  alignas(64) float pv[kRows][64];            // P V for 64 dims
   int32_t q_pos[kRows];
   RowState<DH> st;
   auto &o = st.o;
-  float *m = st.m, *l = st.l, *correction = st.correction;
+  float *m = st.m, *l = st.l;
   for (int r = 0; r < kRows; ++r) {
     const int64_t i = row0 + std::min<int64_t>(r, num_rows - 1);  // padding rows repeat the last
     std::memcpy(q_tile[r], q + (pf.q_start + i / G) * q_stride + (kv_head * G + i % G) * DH, DH * 2);
@@ -169,54 +173,80 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
   }
   const int64_t last_pos = first_pos + (row0 + num_rows - 1) / G;
   const int64_t num_chunks = last_pos / kAmxKeys + 1;
-  const int64_t first_masked_chunk = q_pos[0] / kAmxKeys;
+  const int64_t first_masked_chunk = q_pos[0] / kAmxKeys;  // chunks before it are visible to every row
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    // S = Q K^T: per 32 dims of Q (A), the matching 16 pair rows of each half's K (B)
-    const uint32_t* kt = pf.kt + 2 * c * (DH / 2) * kKeys;
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int part = 0; part < DH / 32; ++part) {
-      _tile_loadd(0, &q_tile[0][32 * part], DH * 2);
-      _tile_loadd(1, kt + part * 16 * kKeys, kKeys * 4);
-      _tile_dpbf16ps(2, 0, 1);
-      _tile_loadd(1, kt + (DH / 2) * kKeys + part * 16 * kKeys, kKeys * 4);
-      _tile_dpbf16ps(3, 0, 1);
-    }
-    _tile_stored(2, &s[0][0], kAmxKeys * 4);
-    _tile_stored(3, &s[0][16], kAmxKeys * 4);
-    const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c * kAmxKeys)), iota);
-    const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
-    for (int r = 0; r < kRows; ++r) {
-      __m512 x0 = _mm512_mul_ps(_mm512_load_ps(&s[r][0]), scale_v);
-      __m512 x1 = _mm512_mul_ps(_mm512_load_ps(&s[r][16]), scale_v);
-      if (c >= first_masked_chunk) {
-        const __m512i row_pos = _mm512_set1_epi32(q_pos[r]);
-        x0 = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(pos0, row_pos), _mm512_set1_ps(kNoScore), x0);
-        x1 = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(pos1, row_pos), _mm512_set1_ps(kNoScore), x1);
+  for (int64_t c0 = 0; c0 < num_chunks; c0 += kAmxSub) {
+    const int num_sub = static_cast<int>(std::min<int64_t>(kAmxSub, num_chunks - c0));
+    for (int u = 0; u < num_sub; ++u) {  // S = Q K^T: per 32 dims of Q (A), the matching 16 pair rows of K (B)
+      const uint32_t* kt = pf.kt + 2 * (c0 + u) * (DH / 2) * kKeys;
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int part = 0; part < DH / 32; ++part) {
+        _tile_loadd(0, &q_tile[0][32 * part], DH * 2);
+        _tile_loadd(1, kt + part * 16 * kKeys, kKeys * 4);
+        _tile_dpbf16ps(2, 0, 1);
+        _tile_loadd(1, kt + (DH / 2) * kKeys + part * 16 * kKeys, kKeys * 4);
+        _tile_dpbf16ps(3, 0, 1);
       }
-      const float new_m = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(x0, x1)));
-      const __m512 new_m_v = _mm512_set1_ps(new_m);
-      const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x0, new_m_v));
-      const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x1, new_m_v));
-      correction[r] = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
-      l[r] = l[r] * correction[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-      m[r] = new_m;
-      _mm512_store_si512(p[r], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // keys 0-15 low, 16-31 high
+      _tile_stored(2, &s[0][u * kAmxKeys], kRoundKeys * 4);
+      _tile_stored(3, &s[0][u * kAmxKeys + 16], kRoundKeys * 4);
     }
-    // O = O * correction + P V, 16 dims at a time: V's 16 pair rows of this chunk (B)
-    const uint32_t* vp = pf.vp + c * (kAmxKeys / 2) * DH;
-    _tile_loadd(0, &p[0][0], kAmxKeys * 2);
-    for (int dv = 0; dv < DV; ++dv) {
+    const int num_vecs = 2 * num_sub;  // 16 keys each
+    for (int r = 0; r < kRows; ++r) {
+      __m512 x[2 * kAmxSub];
+      __m512 top = _mm512_set1_ps(kNoScore);
+      for (int j = 0; j < num_vecs; ++j) {
+        x[j] = _mm512_mul_ps(_mm512_load_ps(&s[r][16 * j]), scale_v);
+        if (c0 + j / 2 >= first_masked_chunk) {  // keys after the row's position drop out
+          const __m512i key_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c0 * kAmxKeys + 16 * j)), iota);
+          x[j] = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r])),
+                                      _mm512_set1_ps(kNoScore), x[j]);
+        }
+        top = _mm512_max_ps(top, x[j]);
+      }
+      const float new_m = std::max(m[r], _mm512_reduce_max_ps(top));
+      const __m512 shift = _mm512_set1_ps(new_m);
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < num_vecs; j += 2) {
+        const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x[j], shift));
+        const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x[j + 1], shift));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        _mm512_store_si512(&p[r][16 * j], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // keys 0-15 low, 16-31 high
+      }
+      const float corr = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
+      l[r] = l[r] * corr + _mm512_reduce_add_ps(sum);
+      m[r] = new_m;
+      st.correction[r] = corr;
+    }
+    // O = O * correction + P V, 64 dims at a time: per chunk, P (A) meets V's 16 pair rows (B) of each 16 dims
+    for (int d0 = 0; d0 < DH; d0 += 64) {
       _tile_zero(4);
-      _tile_loadd(1, vp + 16 * dv, DH * 4);
-      _tile_dpbf16ps(4, 0, 1);
-      _tile_stored(4, &pv[0][0], 64);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      for (int u = 0; u < num_sub; ++u) {
+        const uint32_t* vp = pf.vp + (c0 + u) * (kAmxKeys / 2) * DH + d0;
+        _tile_loadd(0, &p[0][u * kAmxKeys], kRoundKeys * 2);
+        _tile_loadd(1, vp, DH * 4);
+        _tile_dpbf16ps(4, 0, 1);
+        _tile_loadd(2, vp + 16, DH * 4);
+        _tile_dpbf16ps(5, 0, 2);
+        _tile_loadd(3, vp + 32, DH * 4);
+        _tile_dpbf16ps(6, 0, 3);
+        _tile_loadd(1, vp + 48, DH * 4);
+        _tile_dpbf16ps(7, 0, 1);
+      }
+      _tile_stored(4, &pv[0][0], 64 * 4);
+      _tile_stored(5, &pv[0][16], 64 * 4);
+      _tile_stored(6, &pv[0][32], 64 * 4);
+      _tile_stored(7, &pv[0][48], 64 * 4);
       for (int r = 0; r < kRows; ++r) {
-        float* o_r = &o[r][16 * dv];
-        _mm512_store_ps(o_r, _mm512_fmadd_ps(_mm512_load_ps(o_r), _mm512_set1_ps(correction[r]),
-                                             _mm512_load_ps(pv[r])));
+        const __m512 corr = _mm512_set1_ps(st.correction[r]);
+        for (int dv = 0; dv < 4; ++dv) {
+          float* o_r = &o[r][d0 + 16 * dv];
+          _mm512_store_ps(o_r, _mm512_fmadd_ps(_mm512_load_ps(o_r), corr, _mm512_load_ps(&pv[r][16 * dv])));
+        }
       }
     }
   }
