@@ -14,9 +14,11 @@ namespace {
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - x) == 0
 constexpr int kRows = 16;           // query rows per tile
 
-// exp(x), x <= 0: 2^n * 2^f, f in [-1/2, 1/2] by degree-6 Taylor (rel. error < 2e-7 << bf16's 4e-3)
+// exp(x), x <= 0: 2^n * 2^f, f in [-1/2, 1/2] by degree-6 Taylor (rel. error < 2e-7 << bf16's 4e-3);
+// 0 below -87, where e^x would be a denormal: Intel cores take a microcode assist for each one
 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
@@ -27,7 +29,7 @@ inline __m512 exp_nonpositive(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
