@@ -18,6 +18,7 @@ from pagedserve.services.gpu_worker.device import resolve_device, resolve_dtype
 from pagedserve.services.gpu_worker.host_memory import keep_freed_memory
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.kv_pool import KVPool, num_blocks_for
+from pagedserve.services.gpu_worker.model.linear import rows_alone
 from pagedserve.services.gpu_worker.model.llama import build_model
 from pagedserve.services.gpu_worker.model.screened_head import MIN_ROWS as SCREEN_MIN_ROWS
 from pagedserve.services.gpu_worker.pool_prefault import PoolPrefault
@@ -205,6 +206,7 @@ class Worker:
         tokens = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         grammars = [self.requests[r].grammar for r in sample_ids]
         masks = self.grammars.start_masks(grammars) if any(g is not None for g in grammars) else None  # beside the forward
+        rows_alone(any(s.draft_token_ids for s in states))
         hidden = self.model(tokens, positions, self.pool.kv_caches, meta, self.backend)
         result = StepResult(step_id=plan.step_id, compiled_grammars=self._compiled_grammars())
         if spans:

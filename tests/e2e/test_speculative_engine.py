@@ -1,4 +1,4 @@
-"""Speculative decoding (ngram, suffix) on the real model (SmolLM2, float32) in the in-process engine: greedy
+"""Speculative decoding (ngram, suffix) on the real model (SmolLM2, float32; bf16 alone too) in the in-process engine: greedy
 tokens equal those without speculation alone, batched, with prefix caching and after preemption; a
 seeded sampled request gives the same tokens with or without; drafts are verified and accepted."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.services.engine import Engine
+from pagedserve.services.gpu_worker.device import cpu_has_bf16
 from pagedserve.shared.config import EngineConfig
 from pagedserve.shared.messages import SamplingParams
 
@@ -46,6 +47,18 @@ def test_alone_and_batched_greedy_tokens_are_the_same_and_drafts_are_accepted(en
         assert _tokens(engines[True], prompts, GREEDY) == _tokens(engines[False], prompts, GREEDY)
     assert counters.num_accepted_tokens - before > 20  # the rewrite quotes its input
     assert engines[False].scheduler._speculator.counters.num_drafts == 0
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="bf16 products need AVX-512 BF16 or AMX")
+def test_bf16_greedy_tokens_are_the_same_alone():
+    # with AMX, verification rows taking tiles changed these two grounded edits by token 52
+    from pagedserve.services.bench.grounded_workload import grounded_edits
+
+    spec = {**NGRAM, "num_speculative_tokens": 6, "prompt_lookup_max": 5}
+    on, off = _engine(spec, dtype="bfloat16"), _engine(None, dtype="bfloat16")
+    for request in [grounded_edits()[i] for i in (7, 14)]:
+        params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+        assert _tokens(on, [request["prompt_token_ids"]], params) == _tokens(off, [request["prompt_token_ids"]], params)
 
 
 def test_the_worker_times_each_step_for_the_draft_cost_table():

@@ -135,8 +135,9 @@ def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
     model = build_model("smollm2", dtype=BF16)
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
-    # the tied Q8_0 embedding: its blocks for every few-row call, no bf16 pairs copy
-    assert model.head.gemv_q8 is not None and model.head.gemv_packed is None
+    # the tied Q8_0 embedding: its blocks for the few-row calls up to the Q8_0 kernel's rows; a bf16
+    # pairs copy only where AMX tiles take the rows past them (9 to 16)
+    assert model.head.gemv_q8 is not None and (model.head.gemv_packed is not None) == model.head.amx
     assert model.head.max_q8_rows == gemv.max_rows()
 
 

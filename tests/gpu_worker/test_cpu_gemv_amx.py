@@ -8,7 +8,7 @@ import torch
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.linear import AMX_MIN_ROWS, PackedLinear, amx_nibbles
+from pagedserve.services.gpu_worker.model.linear import AMX_MIN_ROWS, PackedLinear, amx_nibbles, rows_alone
 from tests.gpu_worker.gguf_factories import q4_1_blocks, q8_0_blocks
 from tests.gpu_worker.test_cpu_gemv import BF16, _assert_within_one_bf16_step, _rand
 
@@ -99,3 +99,20 @@ def test_amx_can_be_turned_off(monkeypatch):
     linear = PackedLinear(_rand(32, 64))
     assert not linear.amx and linear.max_gemv_rows == 8
     assert not PackedLinear(_rand(32, 48)).amx  # K not a multiple of 32 either way
+
+
+def test_rows_alone_sums_each_row_as_a_one_row_product(monkeypatch):
+    blocks = q4_1_blocks(96, 64, seed=5)
+    linear = PackedLinear(gguf_blocks.dequantize(*blocks).to(BF16), blocks=blocks)
+    x = _rand(9, 64, seed=3)
+    one_by_one = torch.cat([linear(x[i:i + 1]) for i in range(7)])
+    calls = []
+    monkeypatch.setattr(linear, "gemv", _Spy(calls))
+    rows_alone(True)
+    try:
+        assert torch.equal(linear(x[:7]), one_by_one)
+        linear(x)  # past the AVX-512 kernels' 8 rows: oneDNN
+    finally:
+        rows_alone(False)
+    linear(x[:7])
+    assert calls == [("linear_q4", 7), ("linear_q4_amx", 7)]

@@ -25,6 +25,14 @@ F32_MANY_ROWS = 512  # then up to this a tile's blocks are dequantized once for 
 F32_FEW_ROWS_AVX512 = 8  # F32_FEW_ROWS with AVX-512 BF16 (AMX Xeon, Zen 4): blocks per row stay ahead to 8
 AMX_MIN_ROWS = 2  # bf16 rows from this (and past the Q8_0 rows) take AMX tiles: one row stays on AVX-512
 
+_rows_alone = False
+
+
+def rows_alone(on: bool) -> None:
+    """From now on (on) few-row products sum each row as a one-row product does: no AMX tiles."""
+    global _rows_alone
+    _rows_alone = on
+
 
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "1") not in ("0", "false", "no")
@@ -113,6 +121,7 @@ class PackedLinear:
         self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
         self.amx = (bf16 and self.gemv is not None and weight.shape[1] % 32 == 0 and _env_on("PAGEDSERVE_AMX_GEMV")
                     and self.gemv.max_amx_rows() > 0)
+        self.max_alone_rows = self.max_gemv_rows
         if self.amx:
             self.max_gemv_rows = self.gemv.max_amx_rows()
         self.max_q8_rows = self.max_many_rows = 0
@@ -137,9 +146,10 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
         rows = x.shape[0]
-        if rows <= self.max_gemv_rows:
+        tiles = self.amx and not _rows_alone
+        if rows <= (self.max_alone_rows if self.amx and not tiles else self.max_gemv_rows):
             out = x.new_empty(rows, self.weight.shape[0])
-            amx = self.amx and rows >= AMX_MIN_ROWS
+            amx = tiles and rows >= AMX_MIN_ROWS
             if self.gemv_q4 is not None:
                 (self.gemv.linear_q4_amx if amx else self.gemv.linear_q4)(out, x.contiguous(), *self.gemv_q4)
             elif rows <= self.max_q8_rows:
