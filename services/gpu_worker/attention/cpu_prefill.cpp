@@ -86,22 +86,8 @@ void tile(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0, int
         _mm512_store_ps(&scores[r][u * kKeys], x);
       }
     }
-    for (int r = 0; r < kRows; ++r) {
-      __m512 top = _mm512_load_ps(&scores[r][0]);
-      for (int u = 1; u < num_sub; ++u) top = _mm512_max_ps(top, _mm512_load_ps(&scores[r][u * kKeys]));
-      const float new_m = std::max(m[r], _mm512_reduce_max_ps(top));
-      const __m512 shift = _mm512_set1_ps(new_m);
-      __m512 sum = _mm512_setzero_ps();
-      for (int u = 0; u < num_sub; ++u) {
-        const __m512 p = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(&scores[r][u * kKeys]), shift));
-        sum = _mm512_add_ps(sum, p);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(&p_pairs[r][u * kKeys / 2]), (__m256i)_mm512_cvtneps_pbh(p));
-      }
-      const float corr = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
-      l[r] = l[r] * corr + _mm512_reduce_add_ps(sum);
-      m[r] = new_m;
-      correction[r] = corr;
-    }
+    for (int r = 0; r < kRows; ++r)
+      correction[r] = softmax_update(scores[r], num_sub, reinterpret_cast<uint16_t*>(p_pairs[r]), m[r], l[r]);
     const uint32_t* vp = pf.vp + c0 * (kKeys / 2) * DH;  // chunks lie back to back: j runs over num_sub of them
     const int num_pairs = num_sub * kKeys / 2;
     for (int r0 = 0; r0 < kRows; r0 += RG) {
@@ -192,32 +178,17 @@ void tile_amx(uint16_t* out, const uint16_t* q, const Prefill& pf, int64_t row0,
       _tile_stored(2, &s[0][u * kAmxKeys], kRoundKeys * 4);
       _tile_stored(3, &s[0][u * kAmxKeys + 16], kRoundKeys * 4);
     }
-    const int num_vecs = 2 * num_sub;  // 16 keys each
     for (int r = 0; r < kRows; ++r) {
-      __m512 x[2 * kAmxSub];
-      __m512 top = _mm512_set1_ps(kNoScore);
-      for (int j = 0; j < num_vecs; ++j) {
-        x[j] = _mm512_mul_ps(_mm512_load_ps(&s[r][16 * j]), scale_v);
-        if (c0 + j / 2 >= first_masked_chunk) {  // keys after the row's position drop out
+      for (int j = 0; j < 2 * num_sub; ++j) {  // 16 keys each, scaled; keys after the row's position drop out
+        __m512 x = _mm512_mul_ps(_mm512_load_ps(&s[r][16 * j]), scale_v);
+        if (c0 + j / 2 >= first_masked_chunk) {
           const __m512i key_pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(c0 * kAmxKeys + 16 * j)), iota);
-          x[j] = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r])),
-                                      _mm512_set1_ps(kNoScore), x[j]);
+          x = _mm512_mask_blend_ps(_mm512_cmple_epi32_mask(key_pos, _mm512_set1_epi32(q_pos[r])),
+                                   _mm512_set1_ps(kNoScore), x);
         }
-        top = _mm512_max_ps(top, x[j]);
+        _mm512_store_ps(&s[r][16 * j], x);
       }
-      const float new_m = std::max(m[r], _mm512_reduce_max_ps(top));
-      const __m512 shift = _mm512_set1_ps(new_m);
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < num_vecs; j += 2) {
-        const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x[j], shift));
-        const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x[j + 1], shift));
-        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-        _mm512_store_si512(&p[r][16 * j], (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // keys 0-15 low, 16-31 high
-      }
-      const float corr = m[r] == kNoScore ? 0.f : std::exp(m[r] - new_m);
-      l[r] = l[r] * corr + _mm512_reduce_add_ps(sum);
-      m[r] = new_m;
-      st.correction[r] = corr;
+      st.correction[r] = softmax_update(s[r], 2 * num_sub, p[r], m[r], l[r]);
     }
     // O = O * correction + P V, 64 dims at a time: per chunk, P (A) meets V's 16 pair rows (B) of each 16 dims
     for (int d0 = 0; d0 < DH; d0 += 64) {

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu_prefill_layout.h"  // Prefill
@@ -33,6 +34,25 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// One row's online-softmax step over 16 * n16 scores s (scaled; masked keys at kNoScore): P = e^(s - new max)
+// into p as bf16 in key order, m and l moved on; returns the factor for the row's O so far
+inline float softmax_update(const float* s, int n16, uint16_t* p, float& m, float& l) {
+  __m512 top = _mm512_load_ps(s);
+  for (int j = 1; j < n16; ++j) top = _mm512_max_ps(top, _mm512_load_ps(s + 16 * j));
+  const float new_m = std::max(m, _mm512_reduce_max_ps(top));
+  const __m512 shift = _mm512_set1_ps(new_m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < n16; ++j) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), shift));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  const float correction = m == kNoScore ? 0.f : std::exp(m - new_m);
+  l = l * correction + _mm512_reduce_add_ps(sum);
+  m = new_m;
+  return correction;
+}
 
 // One tile's online-softmax state: unnormalised O, running max m and sum l per row
 template <int DH>
