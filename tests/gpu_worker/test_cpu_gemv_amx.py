@@ -1,5 +1,5 @@
-"""The AMX few-row bf16 linears (cpu_gemv_amx.h: bf16 pairs and Q4_1 row pairs, up to 16 rows)
-against the float32 reference, and PackedLinear's routing to them on a CPU with AMX."""
+"""The AMX bf16 linears (cpu_gemv_amx.h: bf16 pairs and Q4_1 row pairs, up to 256 rows) against the
+float32 reference, and PackedLinear's routing to them on a CPU with AMX."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ gemv = cpu_extensions.load("gemv")
 pytestmark = pytest.mark.skipif(gemv is None or not gemv.supported() or not gemv.max_amx_rows(),
                                 reason="needs the cpu_gemv build and a CPU (and OS) with AMX")
 SHAPES = [(32, 32), (80, 576), (960, 576), (48, 1536)]
+EXACT_ROWS = 8  # cpu_gemv_amx.h's kAmxExactRows: Q4_1 rows past it read the weight rounded to bf16
+
+
+def _q4_weight(blocks, num_rows):
+    exact = gguf_blocks.dequantize(*blocks)
+    return exact if num_rows <= EXACT_ROWS else exact.to(BF16)
 
 
 def test_amx_nibbles_are_row_pairs_of_the_pairs_layout():
@@ -30,13 +36,13 @@ def test_amx_nibbles_are_row_pairs_of_the_pairs_layout():
 
 
 @pytest.mark.parametrize("kind", ["pairs", "q4"])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 7, 8, 9, 16])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 7, 8, 9, 16, 17, 40, 256])
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
 def test_amx_linears_equal_float32_reference_rounded(kind, num_rows, out_features, in_features):
     if kind == "q4":
         blocks = q4_1_blocks(out_features, in_features, seed=out_features)
         nibbles, dm = gguf_blocks.pack_q4_1(*blocks)
-        weight, args = gguf_blocks.dequantize(*blocks), (amx_nibbles(nibbles), dm)
+        weight, args = _q4_weight(blocks, num_rows), (amx_nibbles(nibbles), dm)
     else:
         weight = _rand(out_features, in_features, seed=out_features)
         args = (gemv.pack(weight),)
@@ -47,10 +53,21 @@ def test_amx_linears_equal_float32_reference_rounded(kind, num_rows, out_feature
     assert not out[:, :16].any() and not out[:, -16:].any()
 
 
+@pytest.mark.parametrize("num_rows", [9, 31, 64])
+def test_widened_q4_1_is_the_bf16_weight_exactly(num_rows):
+    blocks = q4_1_blocks(96, 1536, seed=num_rows)
+    nibbles, dm = gguf_blocks.pack_q4_1(*blocks)
+    x = _rand(num_rows, 1536, seed=2)
+    by_q4, by_bf16 = (torch.empty(num_rows, 96, dtype=BF16) for _ in range(2))
+    gemv.linear_q4_amx(by_q4, x, amx_nibbles(nibbles), dm)
+    gemv.linear_amx(by_bf16, x, gemv.pack(gguf_blocks.dequantize(*blocks).to(BF16)))
+    assert torch.equal(by_q4, by_bf16)
+
+
 def test_amx_refuses_bad_shapes():
     packed = gemv.pack(_rand(32, 64))
     with pytest.raises(RuntimeError, match="rows"):
-        gemv.linear_amx(torch.empty(17, 32, dtype=BF16), _rand(17, 64), packed)
+        gemv.linear_amx(torch.empty(257, 32, dtype=BF16), _rand(257, 64), packed)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         gemv.linear_amx(torch.empty(2, 32, dtype=BF16), _rand(2, 16), gemv.pack(_rand(32, 16)))
     nibbles, dm = gguf_blocks.pack_q4_1(*q4_1_blocks(32, 64))
@@ -69,17 +86,17 @@ class _Spy:
         return call
 
 
-def test_packed_linear_takes_amx_from_two_rows_to_sixteen(monkeypatch):
+def test_packed_linear_takes_amx_from_two_rows_to_256(monkeypatch):
     blocks = q4_1_blocks(96, 64, seed=5)
-    exact = gguf_blocks.dequantize(*blocks)
-    linear = PackedLinear(exact.to(BF16), blocks=blocks)
-    assert linear.amx and linear.max_gemv_rows == 16 and AMX_MIN_ROWS == 2
+    linear = PackedLinear(gguf_blocks.dequantize(*blocks).to(BF16), blocks=blocks)
+    assert linear.amx and linear.max_gemv_rows == 256 and AMX_MIN_ROWS == 2
     calls = []
     monkeypatch.setattr(linear, "gemv", _Spy(calls))
-    for num_rows in (1, 2, 16, 17):
+    for num_rows in (1, 2, 16, 17, 256, 257):
         x = _rand(num_rows, 64, seed=num_rows)
-        _assert_within_one_bf16_step(linear(x), x, exact if num_rows <= 16 else exact.to(BF16))
-    assert calls == [("linear_q4", 1), ("linear_q4_amx", 2), ("linear_q4_amx", 16)]
+        _assert_within_one_bf16_step(linear(x), x, _q4_weight(blocks, num_rows))
+    assert calls == [("linear_q4", 1), ("linear_q4_amx", 2), ("linear_q4_amx", 16), ("linear_q4_amx", 17),
+                     ("linear_q4_amx", 256)]
 
 
 def test_packed_linear_keeps_q8_rows_then_takes_amx(monkeypatch):

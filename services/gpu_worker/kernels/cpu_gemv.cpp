@@ -252,6 +252,15 @@ void linear(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
 #endif
 }
 
+// x as the AMX tiles read it: past 16 rows, whole tiles of 16 (zero rows after M)
+torch::Tensor amx_rows_of(const torch::Tensor& x) {
+  const int64_t M = x.size(0);
+  if (M <= 16 || M % 16 == 0) return x;
+  torch::Tensor padded = torch::zeros({(M + 15) / 16 * 16, x.size(1)}, x.options());
+  padded.narrow(0, 0, M).copy_(x);
+  return padded;
+}
+
 // linear() by AMX tiles: M <= max_amx_rows(), K a multiple of 32
 void linear_amx(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
   const int64_t M = x.size(0), K2 = packed.size(1);
@@ -263,7 +272,8 @@ void linear_amx(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
                   out.size(1) == packed.size(0) * 16 && out.stride(1) == 1,
               "linear_amx: bf16 x [M, K] and out [M, N], contiguous rows; W packed by pack()");
 #if defined(PAGEDSERVE_GEMV_AMX)
-  amx_rows(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), M,
+  const torch::Tensor xt = amx_rows_of(x);
+  amx_rows(out.data_ptr<c10::BFloat16>(), out.stride(0), xt.data_ptr<c10::BFloat16>(), xt.stride(0), M,
            packed.data_ptr<c10::BFloat16>(), K2, packed.size(0));
 #endif
 }
@@ -313,16 +323,24 @@ void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Ten
 #endif
 }
 
-// linear_q4() by AMX tiles, the nibbles as row pairs [N/16, K/4, 32] (linear.amx_nibbles); M <= max_amx_rows()
+// linear_q4() by AMX tiles, W's nibbles as row pairs [N/16, K/4, 32] (linear.amx_nibbles); M <= max_amx_rows().
+// Past kAmxExactRows rows: x @ bf16(W)^T, the bf16 weight oneDNN takes, read at 0.625 bytes a weight.
 void linear_q4_amx(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
   const int64_t K2 = nib.size(1) * 2, num_blocks = nib.size(0);
   TORCH_CHECK(nib.dim() == 3 && nib.size(2) == 32, "linear_q4_amx: nibbles [N/16, K/4, 32]");
   check_q4("linear_q4_amx", out, x, nib, dm, K2, num_blocks, max_amx_rows());
 #if defined(PAGEDSERVE_GEMV_AMX)
-  const std::vector<float> xs = group_sums(x, K2 / 16);
-  amx_rows_q4(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), xs.data(),
-              x.size(0), nib.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>()), K2,
-              num_blocks);
+  const uint8_t* np = nib.data_ptr<uint8_t>();
+  const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
+  if (x.size(0) <= kAmxExactRows) {
+    const std::vector<float> xs = group_sums(x, K2 / 16);
+    amx_q4_exact(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), xs.data(),
+                 x.size(0), np, dp, K2, num_blocks);
+  } else {
+    const torch::Tensor xt = amx_rows_of(x);
+    amx_q4_widened(out.data_ptr<c10::BFloat16>(), out.stride(0), xt.data_ptr<c10::BFloat16>(), xt.stride(0),
+                   x.size(0), np, dp, K2, num_blocks);
+  }
 #endif
 }
 

@@ -1,16 +1,19 @@
-// AMX tiles for cpu_gemv.cpp: out [M, N] = x [M, K] @ W^T for 2 to 16 bf16 rows (a verify step),
-// reading each weight tile once for all rows. The AVX-512 loops issue one vdpbf16ps per row and
-// 32 weights, so their cost grows with M; one tdpbf16ps takes [M, 32] x [32, 16] whatever M is.
+// AMX tiles for cpu_gemv.cpp: out [M, N] = x [M, K] @ W^T for 2 to kAmxMaxRows bf16 rows (verify
+// steps, decode batches), reading each weight tile once for all rows. The AVX-512 loops issue one
+// vdpbf16ps per row and 32 weights, so their cost grows with M; one tdpbf16ps takes [16, 32] x [32, 16].
 //
-// A tile: x[:, 32t .. 32t+32] (M rows of 64 bytes, read in place). B tile: 16 outputs' weights
-// for those 32 k in pairs layout (16 rows k2 of [16 outputs][2] bf16), which is the packed bf16
-// weight itself and what the Q4_1 nibbles widen to. C tile: [M, 16] float32.
-// Numerics: exact products summed in float32 (in the tile unit's order, not vdpbf16ps's): a
-// result may differ from the AVX-512 rows' by one bf16 step, as from oneDNN's.
+// A tile: x[r .. r+16, 32t .. 32t+32] (rows of 64 bytes, read in place; past 16 rows M is padded to a
+// multiple of 16). B tile: 16 outputs' weights for those 32 k in pairs layout (16 rows k2 of [16
+// outputs][2] bf16): the packed bf16 weight itself, or a Q4_1 block widened in L2 to bf16(d q + m),
+// the very values gguf_blocks.dequantize(...).to(bf16) gives oneDNN. C tile: [16, 16] float32 summed
+// over all of K. Numerics: exact products summed in float32 in the tile unit's order, not vdpbf16ps's:
+// a result may differ from the AVX-512 rows' by one bf16 step, as from oneDNN's.
 #pragma once
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -22,7 +25,8 @@
 namespace {
 
 #if defined(PAGEDSERVE_GEMV_AMX)
-constexpr int64_t kAmxMaxRows = 16;
+constexpr int64_t kAmxMaxRows = 256;  // x [256, K] stays in L2 while every weight block passes
+constexpr int64_t kAmxExactRows = 8;  // Q4_1 rows up to this: amx_q4_exact (exact d (x q) + m sum(x))
 
 // Linux grants AMX state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
 inline bool amx_permitted() {
@@ -36,64 +40,131 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0, tmm1: A (M rows); tmm2, tmm3: B (16 rows); tmm4 .. tmm7: C (M rows); 64 bytes a row
-inline TileConfig tile_config(int64_t M) {
+// tmm0, tmm1: A (two row tiles); tmm2, tmm3: B (two 16-output blocks); tmm4 .. tmm7: C [row tile][block]
+inline TileConfig tile_config(int64_t tile_rows) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) {
     c.colsb[t] = 64;
-    c.rows[t] = (t == 2 || t == 3) ? 16 : static_cast<uint8_t>(M);
+    c.rows[t] = (t == 2 || t == 3) ? 16 : static_cast<uint8_t>(tile_rows);
   }
   return c;
 }
 
-// rows of C (float32 [M, 16], stride 64 bytes) -> bf16 out[m, n0 .. n0+16]
-inline void store_rows(c10::BFloat16* out, int64_t out_stride, const float* c, int64_t M, int64_t n0) {
-  for (int64_t m = 0; m < M; ++m)
+// rows of C (float32 [rows, 16], stride 64 bytes) -> bf16 out[m, n0 .. n0+16]
+inline void store_rows(c10::BFloat16* out, int64_t out_stride, const float* c, int64_t rows, int64_t n0) {
+  for (int64_t m = 0; m < rows; ++m)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * out_stride + n0),
                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + m * 16)));
 }
 
-// bf16 pairs layout [N/16, K/2, 16, 2]: two 16-output blocks at a time, C summed over all of K
-inline void amx_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
-                     const c10::BFloat16* packed, int64_t K2, int64_t num_blocks) {
-  const TileConfig config = tile_config(M);
+// out[:, n0 .. n0 + 16 nb] for one or two blocks w[0], w[1] (pairs layout, K2 * 32 bf16 each), two row
+// tiles at a time; x holds M rows, and whole tiles of tile_rows past them where M > tile_rows
+inline void pair_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
+                      int64_t tile_rows, const c10::BFloat16* const* w, int nb, int64_t K2, int64_t n0) {
+  alignas(64) float c[4][16 * 16];
+  for (int64_t r0 = 0; r0 < M; r0 += 2 * tile_rows) {
+    const bool two = r0 + tile_rows < M;
+    const c10::BFloat16* x0 = x + r0 * x_stride;
+    const c10::BFloat16* x1 = x0 + tile_rows * x_stride;
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t t = 0; t < K2 / 16; ++t) {  // 32 k a step: B is 16 rows of 64 bytes
+      _tile_loadd(0, x0 + 32 * t, x_stride * 2);
+      _tile_loadd(2, w[0] + t * 512, 64);
+      _tile_dpbf16ps(4, 0, 2);
+      if (two) {
+        _tile_loadd(1, x1 + 32 * t, x_stride * 2);
+        _tile_dpbf16ps(6, 1, 2);
+      }
+      if (nb == 2) {
+        _tile_loadd(3, w[1] + t * 512, 64);
+        _tile_dpbf16ps(5, 0, 3);
+        if (two) _tile_dpbf16ps(7, 1, 3);
+      }
+    }
+    _tile_stored(4, c[0], 64);
+    _tile_stored(5, c[1], 64);
+    _tile_stored(6, c[2], 64);
+    _tile_stored(7, c[3], 64);
+    for (int64_t h = 0; h < (two ? 2 : 1); ++h) {
+      const int64_t r = r0 + h * tile_rows, rows = std::min(tile_rows, M - r);
+      for (int b = 0; b < nb; ++b) store_rows(out + r * out_stride, out_stride, c[2 * h + b], rows, n0 + 16 * b);
+    }
+  }
+}
+
+// every block pair of the weight, in parallel; widen(b, buffer) gives block b's pairs-layout bf16
+template <typename Widen>
+inline void amx_pairs(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
+                      int64_t K2, int64_t num_blocks, int64_t scratch, const Widen& widen) {
+  const int64_t tile_rows = std::min<int64_t>(M, 16);
+  const TileConfig config = tile_config(tile_rows);
   const int64_t num_pairs = (num_blocks + 1) / 2;
-  const int64_t grain = std::max<int64_t>(1, 512 / std::max<int64_t>(1, K2));
+  const int64_t grain = std::max<int64_t>(1, 512 / std::max<int64_t>(1, K2 * ((M + 15) / 16)));
   at::parallel_for(0, num_pairs, grain, [&](int64_t begin, int64_t end) {
     _tile_loadconfig(&config);
-    alignas(64) float c[2][16 * 16];
+    std::vector<__m512i> buffer(scratch / 16);  // two blocks' bf16, 64-byte aligned
+    auto* scratch_bf16 = reinterpret_cast<c10::BFloat16*>(buffer.data());
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t b0 = 2 * p;
-      const bool two = b0 + 1 < num_blocks;
-      const c10::BFloat16* w0 = packed + b0 * K2 * 32;
-      const c10::BFloat16* w1 = w0 + K2 * 32;
-      _tile_zero(4);
-      _tile_zero(5);
-      for (int64_t t = 0; t < K2 / 16; ++t) {  // 32 k a step: B is 16 rows of 64 bytes
-        _tile_loadd(0, x + 32 * t, x_stride * 2);
-        _tile_loadd(2, w0 + t * 512, 64);
-        _tile_dpbf16ps(4, 0, 2);
-        if (two) {
-          _tile_loadd(3, w1 + t * 512, 64);
-          _tile_dpbf16ps(5, 0, 3);
-        }
-      }
-      _tile_stored(4, c[0], 64);
-      store_rows(out, out_stride, c[0], M, b0 * 16);
-      if (two) {
-        _tile_stored(5, c[1], 64);
-        store_rows(out, out_stride, c[1], M, (b0 + 1) * 16);
-      }
+      const int nb = static_cast<int>(std::min<int64_t>(2, num_blocks - 2 * p));
+      const c10::BFloat16* w[2] = {nullptr, nullptr};
+      for (int b = 0; b < nb; ++b) w[b] = widen(2 * p + b, scratch_bf16 + b * scratch);
+      pair_rows(out, out_stride, x, x_stride, M, tile_rows, w, nb, K2, 32 * p);
     }
     _tile_release();
   });
 }
 
+// bf16 pairs layout [N/16, K/2, 16, 2]: B tiles read in place
+inline void amx_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
+                     const c10::BFloat16* packed, int64_t K2, int64_t num_blocks) {
+  amx_pairs(out, out_stride, x, x_stride, M, K2, num_blocks, 0,
+            [&](int64_t b, c10::BFloat16*) { return packed + b * K2 * 32; });
+}
+
 // Q4_1 weights as row pairs (linear.py's amx_nibbles): nib [N/16, K/4, 32], byte j of pair s holding B row
-// 2s's bf16 j in its low nibble and row 2s+1's in its high one, so a row widens by one vpmovzxbw (or
-// shift) and one table lookup; dm [N/16, K/32, 2, 16] fp16 (cpu_gemv.cpp's). Per 32-k group and block
-// the nibbles widen to a bf16 B tile in L1, C = x_g q_g, then acc += d C + m sum(x_g).
-inline void amx_rows_q4(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride,
+// 2s's slot j in its low nibble and row 2s+1's in its high one (slot j: output j / 2, k parity j % 2); dm
+// [N/16, K/32, 2, 16] fp16 (cpu_gemv.cpp's). Past kAmxExactRows rows a block widens to bf16(d q + m) as dequantize() computes it:
+// d q is exact in float32 (11 + 4 significant bits), so one fma rounds where its mul and add would.
+inline void widen_q4(c10::BFloat16* dst, const uint8_t* nib, const uint16_t* dm, int64_t num_groups) {
+  const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
+  const __m512i low_nibble = _mm512_set1_epi32(0x0F);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32)));
+    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32 + 16)));
+    const __m512 d_lo = _mm512_permutexvar_ps(lo_idx, d), d_hi = _mm512_permutexvar_ps(hi_idx, d);
+    const __m512 m_lo = _mm512_permutexvar_ps(lo_idx, mn), m_hi = _mm512_permutexvar_ps(hi_idx, mn);
+    const uint8_t* src = nib + g * 256;  // 8 row pairs of 32 bytes
+    c10::BFloat16* rows = dst + g * 512;  // 16 B rows of 32 bf16
+    for (int r = 0; r < 16; r += 2) {
+      const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16)));
+      const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16 + 16)));
+      for (int h = 0; h < 2; ++h) {  // h 0: the low nibbles (row r), 1: the high ones (row r + 1)
+        const __m512i q0 = h ? _mm512_srli_epi32(v0, 4) : _mm512_and_si512(v0, low_nibble);
+        const __m512i q1 = h ? _mm512_srli_epi32(v1, 4) : _mm512_and_si512(v1, low_nibble);
+        const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d_lo, m_lo);
+        const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d_hi, m_hi);
+        _mm512_store_si512(rows + (r + h) * 32, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+      }
+    }
+  }
+}
+
+inline void amx_q4_widened(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
+                        const uint8_t* nib, const uint16_t* dm, int64_t K2, int64_t num_blocks) {
+  const int64_t num_groups = K2 / 16;
+  amx_pairs(out, out_stride, x, x_stride, M, K2, num_blocks, K2 * 32, [&](int64_t b, c10::BFloat16* buffer) {
+    widen_q4(buffer, nib + b * K2 * 16, dm + b * num_groups * 32, num_groups);
+    return buffer;
+  });
+}
+// Q4_1 for up to kAmxExactRows rows, the AVX-512 rows' sums: per 32-k group and block the nibbles widen
+// to q itself (one table lookup) in an L1 B tile, C = x_g q_g, then acc += d C + m sum(x_g). Each row
+// costs a C store and two fma per group, so past a few rows widening d q + m once wins.
+inline void amx_q4_exact(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride,
                         const float* xsum, int64_t M, const uint8_t* nib, const uint16_t* dm, int64_t K2,
                         int64_t num_blocks) {
   const TileConfig config = tile_config(M);

@@ -3,7 +3,7 @@ oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps o
 cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too.
 A row's result does not depend on how many rows share the call up to the few-row kernels' most rows
 (8; float32 Q8_0 and AVX2 Q4_1: F32_FEW_ROWS), so a verification step's rows round as lone decode
-steps do; with AMX, bf16 rows AMX_MIN_ROWS to 16 take its tiles (another sum order).
+steps do; with AMX, bf16 rows AMX_MIN_ROWS to 256 take its tiles (another sum order; past 8, bf16(Q4_1)).
 PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
 """
 
