@@ -48,6 +48,19 @@ def test_the_kernel_picks_the_torch_token_under_every_filter(vocab):
 
 
 @needs_kernel
+@pytest.mark.parametrize("spread", [0.0, 1.0, 8.0, 40.0])
+def test_chunks_the_race_skips_hold_no_winner(spread):
+    # 0: every token ties (nothing skipped); 40: a few tokens far ahead (almost every chunk skipped)
+    gen = torch.Generator().manual_seed(int(spread))
+    logits = torch.randn(48, 49152, generator=gen) * spread
+    logits[::3, 12345] += spread  # some rows with one clear favourite, past the first chunks
+    params = [SamplingParams(temperature=(0.5, 1.0, 2.0)[i % 3], seed=i) for i in range(48)]
+    for position in range(3):
+        keys = [seeded_key(p.seed, position) for p in params]
+        assert _kernel_tokens(logits, params, keys) == torch_race(logits, params, keys).tolist()
+
+
+@needs_kernel
 def test_masked_tokens_never_win():
     logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(1))
     allowed = [3, 500, 999]

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -47,12 +48,34 @@ void exponential_row(float* noise, int64_t V, uint64_t key) {
   for (int64_t v = 0; v < V; ++v) noise[v] = -std::log(uniform(static_cast<uint32_t>(v), lo, hi));
 }
 
-float row_max(const float* x, int64_t V) {
-  float best = -INFINITY;
-#pragma omp simd reduction(max : best)
-  for (int64_t v = 0; v < V; ++v) best = std::max(best, x[v]);
-  return best;
+// the largest x and its first index; 16 lanes so the loop vectorizes (a scalar max chains its latency)
+struct Top {
+  float value;
+  int64_t index;
+};
+
+Top row_top(const float* x, int64_t V) {
+  float lane[16];
+  int64_t at[16];
+  for (int i = 0; i < 16; ++i) lane[i] = -INFINITY, at[i] = 0;
+  int64_t v = 0;
+  for (; v + 16 <= V; v += 16) {
+#pragma omp simd
+    for (int i = 0; i < 16; ++i) {
+      const bool above = x[v + i] > lane[i];  // strict: a lane keeps its first index
+      lane[i] = above ? x[v + i] : lane[i];
+      at[i] = above ? v + i : at[i];
+    }
+  }
+  Top top{-INFINITY, 0};
+  for (int i = 0; i < 16; ++i)
+    if (lane[i] > top.value || (lane[i] == top.value && at[i] < top.index)) top = {lane[i], at[i]};
+  for (; v < V; ++v)
+    if (x[v] > top.value) top = {x[v], v};
+  return top;
 }
+
+float row_max(const float* x, int64_t V) { return row_top(x, V).value; }
 
 // drops every x below the k-th largest (ties with it stay): one pass with a min-heap of the k largest
 void top_k(float* x, int64_t V, int64_t k, std::vector<float>& heap) {
@@ -118,17 +141,47 @@ void top_p(float* x, int64_t V, float p, float max_x, std::vector<float>& weight
   for (int64_t v = 0; v < V; ++v) x[v] = x[v] < low ? kDropped : x[v];
 }
 
-// argmax_v x[v] / t - log(E_v) in one pass (the noise is never stored); first index on ties
-int64_t race(const float* x, float t, float* score, int64_t V, uint64_t key) {
+// >= e^y within 0.2% (2^(y log2 e), degree-4 Taylor of 2^f: low by < 0.17%, then the margin)
+inline float exp_above(float y) {
+  const float z = std::min(std::max(y * 1.44269504f, -126.f), 126.f);
+  const float n = std::floor(z), f = z - n;
+  const float p = 1.f + f * (0.6931472f + f * (0.2402265f + f * (0.0555041f + f * 0.0096181f)));
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale * 1.002f;
+}
+
+// argmax_v x[v] / t - log(E_v), first index on ties (the noise is never stored). The largest x's
+// score s is one the winner reaches, and E_v >= 1 - u_v, so v can reach s - kSlack only where
+// 1 - u_v <= e^(x_v / t - s + kSlack): a chunk where no token can is skipped on its hash
+// and one exp, the rest get the exact scores of the full race.
+int64_t race(const float* x, float t, int64_t V, uint64_t key) {
+  constexpr float kSlack = 0.01f;  // far above the logs' and x / t's rounding, in nats
+  constexpr int64_t kChunk = 64;
   const uint32_t lo = static_cast<uint32_t>(key), hi = static_cast<uint32_t>(key >> 32);
-#pragma omp simd
-  for (int64_t v = 0; v < V; ++v) {
-    const float noise = -std::log(uniform(static_cast<uint32_t>(v), lo, hi));
-    score[v] = x[v] / t - std::log(noise);
-  }
-  const float best = row_max(score, V);
+  const Top top = row_top(x, V);
+  const bool prune = top.value > -1e30f;  // some token is not dropped
+  const float inv_t = 1.f / t;
+  const float reach = prune ? top.value / t - std::log(-std::log(uniform(static_cast<uint32_t>(top.index), lo, hi))) - kSlack
+                            : 0.f;
+  float best = -INFINITY, score[kChunk];
   int64_t at = 0;
-  while (at < V - 1 && score[at] != best) ++at;
+  for (int64_t c = 0; c < V; c += kChunk) {
+    const int64_t n = std::min<int64_t>(kChunk, V - c);
+    int open = !prune;
+#pragma omp simd reduction(| : open)
+    for (int64_t i = 0; i < n; ++i)
+      open |= 1.f - uniform(static_cast<uint32_t>(c + i), lo, hi) <= exp_above(x[c + i] * inv_t - reach);
+    if (!open) continue;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float noise = -std::log(uniform(static_cast<uint32_t>(c + i), lo, hi));
+      score[i] = x[c + i] / t - std::log(noise);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      if (score[i] > best) best = score[i], at = c + i;
+  }
   return at;
 }
 
@@ -198,7 +251,7 @@ torch::Tensor sample_masked_rows(torch::Tensor logits, torch::Tensor temperature
   auto out = torch::empty({N}, torch::kLong);
   int64_t* tokens = out.data_ptr<int64_t>();
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(V), score(V), scratch;
+    std::vector<float> x(V), scratch;
     std::vector<int32_t> order;
     for (int64_t n = begin; n < end; ++n) {
       const float* row = logits.data_ptr<float>() + n * logits.stride(0);
@@ -211,11 +264,11 @@ torch::Tensor sample_masked_rows(torch::Tensor logits, torch::Tensor temperature
       const bool filters = (k > 0 && k < V) || p < 1.f || min_p > 0.f;
       if (mask != nullptr && !filters) {  // the race reads the allowed tokens of the row
         const int64_t at = race_masked(row, t, mask, V, row_key);
-        tokens[n] = at >= 0 ? at : race(row, t, score.data(), V, row_key);
+        tokens[n] = at >= 0 ? at : race(row, t, V, row_key);
         continue;
       }
       if (!filters) {  // the race reads the row
-        tokens[n] = race(row, t, score.data(), V, row_key);
+        tokens[n] = race(row, t, V, row_key);
         continue;
       }
 #pragma omp simd
@@ -232,7 +285,7 @@ torch::Tensor sample_masked_rows(torch::Tensor logits, torch::Tensor temperature
         }
       }
       const int64_t at = mask != nullptr ? race_masked(x.data(), 1.f, mask, V, row_key) : -1;
-      tokens[n] = at >= 0 ? at : race(x.data(), 1.f, score.data(), V, row_key);
+      tokens[n] = at >= 0 ? at : race(x.data(), 1.f, V, row_key);
     }
   });
   return out;
