@@ -105,8 +105,8 @@ inline void amx_pairs(c10::BFloat16* out, int64_t out_stride, const c10::BFloat1
   const int64_t grain = std::max<int64_t>(1, 512 / std::max<int64_t>(1, K2 * ((M + 15) / 16)));
   at::parallel_for(0, num_pairs, grain, [&](int64_t begin, int64_t end) {
     _tile_loadconfig(&config);
-    std::vector<__m512i> buffer(scratch / 16);  // two blocks' bf16, 64-byte aligned
-    auto* scratch_bf16 = reinterpret_cast<c10::BFloat16*>(buffer.data());
+    std::vector<c10::BFloat16> buffer(2 * scratch + 32);  // two blocks' bf16, from a 64-byte boundary
+    auto* scratch_bf16 = buffer.data() + (-reinterpret_cast<uintptr_t>(buffer.data()) % 64) / 2;
     for (int64_t p = begin; p < end; ++p) {
       const int nb = static_cast<int>(std::min<int64_t>(2, num_blocks - 2 * p));
       const c10::BFloat16* w[2] = {nullptr, nullptr};
