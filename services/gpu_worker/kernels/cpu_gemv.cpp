@@ -27,7 +27,7 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 8;  // rows per call of the AVX-512 loops (linear_amx*: 16); more go to oneDNN
+constexpr int64_t kMaxRows = 8;  // rows per call of the AVX-512 loops (linear_amx*: max_amx_rows()); more go to oneDNN
 constexpr int64_t kTile = 4;     // 16-output blocks per task step: independent dependency chains
 
 #if defined(__AVX512BF16__)
