@@ -86,7 +86,8 @@ def test_linear_refuses_bad_shapes():
 
 
 def test_packed_linear_takes_few_rows_to_gemv_and_many_to_onednn(monkeypatch):
-    monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")  # the AVX-512 rows (test_cpu_gemv_amx.py: AMX's)
+    monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")  # the few AVX-512 rows (test_cpu_gemv_amx.py: AMX's,
+    monkeypatch.setenv("PAGEDSERVE_WIDE_GEMV", "0")  # test_cpu_gemv_wide.py: many rows)
     weight = _rand(96, 64, seed=3)
     linear = PackedLinear(weight)
     assert linear.max_gemv_rows == gemv.max_rows() == 8
@@ -136,8 +137,9 @@ def test_bf16_model_takes_q4_blocks_for_every_layer_projection():
     for layer in model.layers:
         assert all(p.gemv_q4 is not None for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     # the tied Q8_0 embedding: its blocks for the few-row calls up to the Q8_0 kernel's rows; a bf16
-    # pairs copy only where AMX tiles take the rows past them (9 to 16)
-    assert model.head.gemv_q8 is not None and (model.head.gemv_packed is not None) == model.head.amx
+    # pairs copy where AMX tiles or the wide loops take the rows past them
+    assert model.head.gemv_q8 is not None
+    assert (model.head.gemv_packed is not None) == (model.head.amx or model.head.wide)
     assert model.head.max_q8_rows == gemv.max_rows()
 
 
@@ -177,6 +179,7 @@ def test_linear_q8_refuses_bad_inputs():
 
 def test_packed_linear_takes_q8_blocks_for_few_rows_and_onednn_for_more(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")
+    monkeypatch.setenv("PAGEDSERVE_WIDE_GEMV", "0")
     blocks = q8_0_blocks(96, 64, seed=7)
     exact = gguf_blocks.dequantize(*blocks)
     linear = PackedLinear(exact.to(BF16), blocks=blocks)

@@ -29,7 +29,7 @@ HEADERS = {"decode": [ATTENTION / "cpu_decode_work.h", ATTENTION / "cpu_decode_b
            "prefill": [ATTENTION / "cpu_kv_int8.h", ATTENTION / "cpu_prefill_layout.h",
                        ATTENTION / "cpu_prefill_softmax.h", ATTENTION / "cpu_prefill_f32.h"],
            "fused": [ATTENTION / "cpu_kv_int8.h"],
-           "gemv": [HERE / "cpu_tiling.h", HERE / "cpu_gemv_amx.h"],
+           "gemv": [HERE / "cpu_tiling.h", HERE / "cpu_gemv_amx.h", HERE / "cpu_gemv_wide.h", HERE / "cpu_gemv_q8.h"],
            "gemv_f32": [HERE / "cpu_tiling.h", HERE / "cpu_f32_tiles.h"], "head_argmax": [HERE / "cpu_f32_tiles.h"]}
 
 

@@ -15,6 +15,7 @@
 
 #include "cpu_tiling.h"
 #include "cpu_gemv_amx.h"
+#include "cpu_gemv_wide.h"
 
 #include <cstdint>
 #include <cstring>
@@ -149,58 +150,7 @@ void rows_q4(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t 
       [&](int64_t b) { tile_q4<M, 1>(out, out_stride, x, x_stride, xsum, num_groups, nib, dm, K2, b); });
 }
 
-// ---- Q8_0 weights (GGUF): w[n, k] = d[n, k/32] * q[n, k], q in -128..127 ----------------
-// q in pairs layout [N/16, K/2, 16, 2] int8 (linear.q8_pairs) and d [N/16, K/32, 16] fp16
-// (gguf_blocks.pack_q8_0). q is exact in bf16: 32 bytes widen to one pairs step (16 outputs, 2 k)
-// by two vpmovsxbd, two vcvtdq2ps and one vcvtne2ps2bf16, and vdpbf16ps adds the exact products
-// in float32, k in order, whatever the row count; per 32-k group and output y += d * sum, rounded
-// to bf16 once. The weights are the GGUF's exact values (1.0625 bytes a weight instead of 2).
-template <int M, int NB>
-inline void tile_q8(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride,
-                    int64_t num_groups, const int8_t* qs, const uint16_t* ds, int64_t K2, int64_t b0) {
-  __m512 acc[M][NB];
-  for (int m = 0; m < M; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < num_groups; ++g) {
-    __m512 part[M][NB];
-    for (int m = 0; m < M; ++m)
-      for (int b = 0; b < NB; ++b) part[m][b] = _mm512_setzero_ps();
-    for (int64_t j = 16 * g; j < 16 * g + 16; ++j) {
-      __m512bh wv[NB];
-      for (int b = 0; b < NB; ++b) {
-        const int8_t* p = qs + ((b0 + b) * K2 + j) * 32;
-        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024, _MM_HINT_T0);
-        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-        const __m512 hi =
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-        wv[b] = _mm512_cvtne2ps_pbh(hi, lo);  // bf16 0..15 from lo, 16..31 from hi: the 32 bytes' order
-      }
-      for (int m = 0; m < M; ++m) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * x_stride + j]));
-        for (int b = 0; b < NB; ++b) part[m][b] = _mm512_dpbf16_ps(part[m][b], xv, wv[b]);
-      }
-    }
-    for (int b = 0; b < NB; ++b) {
-      const __m512 d = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ds + ((b0 + b) * num_groups + g) * 16)));
-      for (int m = 0; m < M; ++m) acc[m][b] = _mm512_fmadd_ps(d, part[m][b], acc[m][b]);
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int b = 0; b < NB; ++b)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * out_stride + (b0 + b) * 16),
-                          (__m256i)_mm512_cvtneps_pbh(acc[m][b]));
-}
-
-template <int M>
-void rows_q8(c10::BFloat16* out, int64_t out_stride, const uint32_t* x, int64_t x_stride, const int8_t* qs,
-             const uint16_t* ds, int64_t K2, int64_t num_blocks) {
-  constexpr int NB = kBlocksPerTile<M>;
-  const int64_t num_groups = K2 / 16;
-  over_tiles<NB>(num_blocks, K2 * 2,
-      [&](int64_t b0) { tile_q8<M, NB>(out, out_stride, x, x_stride, num_groups, qs, ds, K2, b0); },
-      [&](int64_t b) { tile_q8<M, 1>(out, out_stride, x, x_stride, num_groups, qs, ds, K2, b); });
-}
+#include "cpu_gemv_q8.h"
 #endif
 
 }  // namespace
@@ -221,6 +171,15 @@ int64_t max_amx_rows() {
   if (amx_permitted()) return kAmxMaxRows;
 #endif
   return 0;
+}
+
+// most rows of linear_wide and linear_q4_wide: 0 where the build has no AVX-512 BF16
+int64_t max_wide_rows() {
+#if defined(__AVX512BF16__)
+  return kWideMaxRows;
+#else
+  return 0;
+#endif
 }
 
 // weight [N, K] bf16 (N % 16 == 0, K % 2 == 0) -> [N/16, K/2, 16, 2] bf16
@@ -275,6 +234,22 @@ void linear_amx(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
   const torch::Tensor xt = amx_rows_of(x);
   amx_rows(out.data_ptr<c10::BFloat16>(), out.stride(0), xt.data_ptr<c10::BFloat16>(), xt.stride(0), M,
            packed.data_ptr<c10::BFloat16>(), K2, packed.size(0));
+#endif
+}
+
+// linear() for up to max_wide_rows() rows, each block pair read once for all of them (cpu_gemv_wide.h)
+void linear_wide(torch::Tensor out, torch::Tensor x, torch::Tensor packed) {
+  const int64_t M = x.size(0), K2 = packed.size(1);
+  TORCH_CHECK(M >= 1 && M <= max_wide_rows(), "linear_wide: 1 to ", max_wide_rows(), " rows");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kBFloat16 &&
+                  packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
+                  x.dim() == 2 && x.size(1) == 2 * K2 && x.stride(1) == 1 && x.stride(0) % 2 == 0 && out.dim() == 2 &&
+                  out.size(0) == M && out.size(1) == packed.size(0) * 16 && out.stride(1) == 1,
+              "linear_wide: bf16 x [M, K] and out [M, N], contiguous rows; W packed by pack()");
+#if defined(__AVX512BF16__)
+  const c10::BFloat16* p = packed.data_ptr<c10::BFloat16>();
+  wide_pairs(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), M, K2,
+             packed.size(0), 0, [&](int64_t b, c10::BFloat16*) { return p + b * K2 * 32; });
 #endif
 }
 
@@ -344,6 +319,23 @@ void linear_q4_amx(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch:
 #endif
 }
 
+// linear_q4() for up to max_wide_rows() rows: x @ bf16(W)^T, the bf16 weight oneDNN takes, each block
+// widened once in L2 for all rows (cpu_gemv_wide.h)
+void linear_q4_wide(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
+  const int64_t K2 = nib.size(1) * 2, num_blocks = nib.size(0), num_groups = K2 / 16;
+  TORCH_CHECK(nib.dim() == 3 && nib.size(2) == 32, "linear_q4_wide: nibbles as row pairs [N/16, K/4, 32]");
+  check_q4("linear_q4_wide", out, x, nib, dm, K2, num_blocks, max_wide_rows());
+#if defined(__AVX512BF16__)
+  const uint8_t* np = nib.data_ptr<uint8_t>();
+  const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
+  wide_pairs(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), x.size(0), K2,
+             num_blocks, K2 * 32, [&](int64_t b, c10::BFloat16* buffer) {
+               widen_q4(buffer, np + b * K2 * 16, dp + b * num_groups * 32, num_groups);
+               return buffer;
+             });
+#endif
+}
+
 // out [M, N] = x [M, K] @ W^T, W in Q8_0 (q [N/16, K/2, 16, 2] int8 from linear.q8_pairs, d
 // [N/16, K/32, 16] int16 from gguf_blocks.pack_q8_0); M <= max_rows(); bf16 x and out, contiguous rows
 void linear_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor d) {
@@ -381,6 +373,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_amx", &linear_amx, "linear() by AMX tiles", py::call_guard<py::gil_scoped_release>());
   m.def("linear_q4_amx", &linear_q4_amx, "linear_q4() by AMX tiles, nibbles as row pairs",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("max_wide_rows", &max_wide_rows, "most rows linear_wide() and linear_q4_wide() take (0: no AVX-512 BF16)");
+  m.def("linear_wide", &linear_wide, "linear() for many rows, each block pair read once",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_q4_wide", &linear_q4_wide, "linear_q4() for many rows, each block widened once to bf16",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_q8", &linear_q8, "out [M, N] = x [M, K] @ W^T for a few bf16 rows, W in Q8_0",
         py::call_guard<py::gil_scoped_release>());

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_gemv_wide.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -124,35 +126,7 @@ inline void amx_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16
             [&](int64_t b, c10::BFloat16*) { return packed + b * K2 * 32; });
 }
 
-// Q4_1 weights as row pairs (linear.py's amx_nibbles): nib [N/16, K/4, 32], byte j of pair s holding B row
-// 2s's slot j in its low nibble and row 2s+1's in its high one (slot j: output j / 2, k parity j % 2); dm
-// [N/16, K/32, 2, 16] fp16 (cpu_gemv.cpp's). Past kAmxExactRows rows a block widens to bf16(d q + m) as dequantize() computes it:
-// d q is exact in float32 (11 + 4 significant bits), so one fma rounds where its mul and add would.
-inline void widen_q4(c10::BFloat16* dst, const uint8_t* nib, const uint16_t* dm, int64_t num_groups) {
-  const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
-  const __m512i low_nibble = _mm512_set1_epi32(0x0F);
-  for (int64_t g = 0; g < num_groups; ++g) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32)));
-    const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + g * 32 + 16)));
-    const __m512 d_lo = _mm512_permutexvar_ps(lo_idx, d), d_hi = _mm512_permutexvar_ps(hi_idx, d);
-    const __m512 m_lo = _mm512_permutexvar_ps(lo_idx, mn), m_hi = _mm512_permutexvar_ps(hi_idx, mn);
-    const uint8_t* src = nib + g * 256;  // 8 row pairs of 32 bytes
-    c10::BFloat16* rows = dst + g * 512;  // 16 B rows of 32 bf16
-    for (int r = 0; r < 16; r += 2) {
-      const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16)));
-      const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * 16 + 16)));
-      for (int h = 0; h < 2; ++h) {  // h 0: the low nibbles (row r), 1: the high ones (row r + 1)
-        const __m512i q0 = h ? _mm512_srli_epi32(v0, 4) : _mm512_and_si512(v0, low_nibble);
-        const __m512i q1 = h ? _mm512_srli_epi32(v1, 4) : _mm512_and_si512(v1, low_nibble);
-        const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d_lo, m_lo);
-        const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d_hi, m_hi);
-        _mm512_store_si512(rows + (r + h) * 32, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-      }
-    }
-  }
-}
-
+// Q4_1 past kAmxExactRows rows: each block widened once to bf16(d q + m) (cpu_gemv_wide.h's widen_q4)
 inline void amx_q4_widened(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
                         const uint8_t* nib, const uint16_t* dm, int64_t K2, int64_t num_blocks) {
   const int64_t num_groups = K2 / 16;

@@ -3,8 +3,8 @@ oneDNN's packed sgemm beats MKL's on AVX2, as vLLM's CPU backend finds); steps o
 cpu_gemv(_f32).cpp on GGUF Q4_1/Q8_0 blocks or bf16 pairs, float32 ones up to F32_MANY_ROWS too.
 A row's result does not depend on how many rows share the call up to the few-row kernels' most rows
 (8; float32 Q8_0 and AVX2 Q4_1: F32_FEW_ROWS), so a verification step's rows round as lone decode
-steps do; with AMX, bf16 rows AMX_MIN_ROWS to 256 take its tiles (another sum order; past 8, bf16(Q4_1)).
-PAGEDSERVE_PACK_WEIGHTS=0 / PAGEDSERVE_SMALL_M_GEMV=0 / PAGEDSERVE_AMX_GEMV=0 turn these off.
+steps do; with AMX, bf16 rows AMX_MIN_ROWS to 256 take its tiles (another sum order; past 8, bf16(Q4_1)),
+else rows 9 to 64 cpu_gemv_wide.h's loops. PAGEDSERVE_PACK_WEIGHTS / SMALL_M_GEMV / AMX_GEMV / WIDE_GEMV=0 turn these off.
 """
 
 from __future__ import annotations
@@ -121,9 +121,11 @@ class PackedLinear:
         self.max_gemv_rows = self.gemv.max_rows() if self.gemv is not None else 0
         self.amx = (bf16 and self.gemv is not None and weight.shape[1] % 32 == 0 and _env_on("PAGEDSERVE_AMX_GEMV")
                     and self.gemv.max_amx_rows() > 0)
+        self.wide = (bf16 and self.gemv is not None and not self.amx and weight.shape[1] % 32 == 0
+                     and _env_on("PAGEDSERVE_WIDE_GEMV") and self.gemv.max_wide_rows() > 0)
         self.max_alone_rows = self.max_gemv_rows
-        if self.amx:
-            self.max_gemv_rows = self.gemv.max_amx_rows()
+        if self.amx or self.wide:
+            self.max_gemv_rows = self.gemv.max_amx_rows() if self.amx else self.gemv.max_wide_rows()
         self.max_q8_rows = self.max_many_rows = 0
         if blocks is not None and weight.dtype == torch.float32:
             self.max_gemv_rows = min(f32_few_rows(), self.max_gemv_rows)
@@ -146,16 +148,20 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in] -> [N, out]."""
         rows = x.shape[0]
-        tiles = self.amx and not _rows_alone
-        if rows <= (self.max_alone_rows if self.amx and not tiles else self.max_gemv_rows):
+        batched = self.amx or self.wide  # rows past the few-row kernels' may take these (not verifying)
+        tiles = batched and not _rows_alone
+        if rows <= (self.max_alone_rows if batched and not tiles else self.max_gemv_rows):
             out = x.new_empty(rows, self.weight.shape[0])
-            amx = tiles and rows >= AMX_MIN_ROWS
+            amx = tiles and self.amx and rows >= AMX_MIN_ROWS
+            wide = tiles and self.wide and rows > self.max_alone_rows
+            g = self.gemv
             if self.gemv_q4 is not None:
-                (self.gemv.linear_q4_amx if amx else self.gemv.linear_q4)(out, x.contiguous(), *self.gemv_q4)
+                (g.linear_q4_amx if amx else g.linear_q4_wide if wide else g.linear_q4)(out, x.contiguous(),
+                                                                                       *self.gemv_q4)
             elif rows <= self.max_q8_rows:
-                self.gemv.linear_q8(out, x.contiguous(), *self.gemv_q8)
+                g.linear_q8(out, x.contiguous(), *self.gemv_q8)
             else:
-                (self.gemv.linear_amx if amx else self.gemv.linear)(out, x.contiguous(), self.gemv_packed)
+                (g.linear_amx if amx else g.linear_wide if wide else g.linear)(out, x.contiguous(), self.gemv_packed)
             return out
         if x.shape[0] <= self.max_many_rows:
             out = x.new_empty(x.shape[0], self.weight.shape[0])
