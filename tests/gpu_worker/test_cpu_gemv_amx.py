@@ -53,17 +53,6 @@ def test_amx_linears_equal_float32_reference_rounded(kind, num_rows, out_feature
     assert not out[:, :16].any() and not out[:, -16:].any()
 
 
-@pytest.mark.parametrize("num_rows", [9, 31, 64])
-def test_widened_q4_1_is_the_bf16_weight_exactly(num_rows):
-    blocks = q4_1_blocks(96, 1536, seed=num_rows)
-    nibbles, dm = gguf_blocks.pack_q4_1(*blocks)
-    x = _rand(num_rows, 1536, seed=2)
-    by_q4, by_bf16 = (torch.empty(num_rows, 96, dtype=BF16) for _ in range(2))
-    gemv.linear_q4_amx(by_q4, x, amx_nibbles(nibbles), dm)
-    gemv.linear_amx(by_bf16, x, gemv.pack(gguf_blocks.dequantize(*blocks).to(BF16)))
-    assert torch.equal(by_q4, by_bf16)
-
-
 def test_amx_refuses_bad_shapes():
     packed = gemv.pack(_rand(32, 64))
     with pytest.raises(RuntimeError, match="rows"):

@@ -37,14 +37,17 @@ def test_wide_linears_equal_float32_reference_rounded(kind, num_rows, out_featur
     assert not out[:, :16].any() and not out[:, -16:].any()
 
 
+@pytest.mark.parametrize("kernels", ["wide", "amx"])
 @pytest.mark.parametrize("num_rows", [9, 31, 64])
-def test_widened_q4_1_is_the_bf16_weight_exactly(num_rows):
+def test_widened_q4_1_is_the_bf16_weight_exactly(kernels, num_rows):
+    if kernels == "amx" and not gemv.max_amx_rows():
+        pytest.skip("no AMX here")
     blocks = q4_1_blocks(96, 1536, seed=num_rows)
     nibbles, dm = gguf_blocks.pack_q4_1(*blocks)
     x = _rand(num_rows, 1536, seed=2)
     by_q4, by_bf16 = (torch.empty(num_rows, 96, dtype=BF16) for _ in range(2))
-    gemv.linear_q4_wide(by_q4, x, amx_nibbles(nibbles), dm)
-    gemv.linear_wide(by_bf16, x, gemv.pack(gguf_blocks.dequantize(*blocks).to(BF16)))
+    getattr(gemv, f"linear_q4_{kernels}")(by_q4, x, amx_nibbles(nibbles), dm)
+    getattr(gemv, f"linear_{kernels}")(by_bf16, x, gemv.pack(gguf_blocks.dequantize(*blocks).to(BF16)))
     assert torch.equal(by_q4, by_bf16)
 
 
