@@ -322,17 +322,13 @@ void linear_q4_amx(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch:
 // linear_q4() for up to max_wide_rows() rows: x @ bf16(W)^T, the bf16 weight oneDNN takes, each block
 // widened once in L2 for all rows (cpu_gemv_wide.h)
 void linear_q4_wide(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Tensor dm) {
-  const int64_t K2 = nib.size(1) * 2, num_blocks = nib.size(0), num_groups = K2 / 16;
+  const int64_t K2 = nib.size(1) * 2, num_blocks = nib.size(0);
   TORCH_CHECK(nib.dim() == 3 && nib.size(2) == 32, "linear_q4_wide: nibbles as row pairs [N/16, K/4, 32]");
   check_q4("linear_q4_wide", out, x, nib, dm, K2, num_blocks, max_wide_rows());
 #if defined(__AVX512BF16__)
-  const uint8_t* np = nib.data_ptr<uint8_t>();
   const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
   wide_pairs(out.data_ptr<c10::BFloat16>(), out.stride(0), x.data_ptr<c10::BFloat16>(), x.stride(0), x.size(0), K2,
-             num_blocks, K2 * 32, [&](int64_t b, c10::BFloat16* buffer) {
-               widen_q4(buffer, np + b * K2 * 16, dp + b * num_groups * 32, num_groups);
-               return buffer;
-             });
+             num_blocks, K2 * 32, q4_widener(nib.data_ptr<uint8_t>(), dp, K2));
 #endif
 }
 

@@ -107,8 +107,8 @@ inline void amx_pairs(c10::BFloat16* out, int64_t out_stride, const c10::BFloat1
   const int64_t grain = std::max<int64_t>(1, 512 / std::max<int64_t>(1, K2 * ((M + 15) / 16)));
   at::parallel_for(0, num_pairs, grain, [&](int64_t begin, int64_t end) {
     _tile_loadconfig(&config);
-    std::vector<c10::BFloat16> buffer(2 * scratch + 32);  // two blocks' bf16, from a 64-byte boundary
-    auto* scratch_bf16 = buffer.data() + (-reinterpret_cast<uintptr_t>(buffer.data()) % 64) / 2;
+    PairScratch room(scratch);
+    c10::BFloat16* scratch_bf16 = room.data;
     for (int64_t p = begin; p < end; ++p) {
       const int nb = static_cast<int>(std::min<int64_t>(2, num_blocks - 2 * p));
       const c10::BFloat16* w[2] = {nullptr, nullptr};
@@ -129,11 +129,7 @@ inline void amx_rows(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16
 // Q4_1 past kAmxExactRows rows: each block widened once to bf16(d q + m) (cpu_gemv_wide.h's widen_q4)
 inline void amx_q4_widened(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
                         const uint8_t* nib, const uint16_t* dm, int64_t K2, int64_t num_blocks) {
-  const int64_t num_groups = K2 / 16;
-  amx_pairs(out, out_stride, x, x_stride, M, K2, num_blocks, K2 * 32, [&](int64_t b, c10::BFloat16* buffer) {
-    widen_q4(buffer, nib + b * K2 * 16, dm + b * num_groups * 32, num_groups);
-    return buffer;
-  });
+  amx_pairs(out, out_stride, x, x_stride, M, K2, num_blocks, K2 * 32, q4_widener(nib, dm, K2));
 }
 // Q4_1 for up to kAmxExactRows rows, the AVX-512 rows' sums: per 32-k group and block the nibbles widen
 // to q itself (one table lookup) in an L1 B tile, C = x_g q_g, then acc += d C + m sum(x_g). Each row

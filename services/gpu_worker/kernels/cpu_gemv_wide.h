@@ -66,8 +66,16 @@ inline void wide_rows(c10::BFloat16* out, int64_t out_stride, const uint32_t* x,
   }
 }
 
+// a thread's room for two blocks' bf16 (scratch elements each), from a 64-byte boundary
+struct PairScratch {
+  std::vector<c10::BFloat16> buffer;
+  c10::BFloat16* data;
+  explicit PairScratch(int64_t scratch)
+      : buffer(2 * scratch + 32), data(buffer.data() + (-reinterpret_cast<uintptr_t>(buffer.data()) % 64) / 2) {}
+};
+
 // every block pair of the weight, in parallel; widen(b, buffer) gives block b's pairs-layout bf16
-// (buffer: scratch bf16 of this thread's, from a 64-byte boundary)
+// (buffer: PairScratch room of this thread's)
 template <typename Widen>
 inline void wide_pairs(c10::BFloat16* out, int64_t out_stride, const c10::BFloat16* x, int64_t x_stride, int64_t M,
                        int64_t K2, int64_t num_blocks, int64_t scratch, const Widen& widen) {
@@ -75,8 +83,8 @@ inline void wide_pairs(c10::BFloat16* out, int64_t out_stride, const c10::BFloat
   const int64_t num_pairs = (num_blocks + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, 512 / std::max<int64_t>(1, K2 * ((M + 15) / 16)));
   at::parallel_for(0, num_pairs, grain, [&](int64_t begin, int64_t end) {
-    std::vector<c10::BFloat16> buffer(2 * scratch + 32);
-    auto* scratch_bf16 = buffer.data() + (-reinterpret_cast<uintptr_t>(buffer.data()) % 64) / 2;
+    PairScratch room(scratch);
+    c10::BFloat16* scratch_bf16 = room.data;
     for (int64_t p = begin; p < end; ++p) {
       const c10::BFloat16* w[2] = {widen(2 * p, scratch_bf16), nullptr};
       c10::BFloat16* o = out + 32 * p;
@@ -117,6 +125,14 @@ inline void widen_q4(c10::BFloat16* dst, const uint8_t* nib, const uint16_t* dm,
       }
     }
   }
+}
+
+// widen(b, buffer) of wide_pairs and amx_pairs for Q4_1 row pairs [N/16, K/4, 32] and dm [N/16, K/32, 2, 16]
+inline auto q4_widener(const uint8_t* nib, const uint16_t* dm, int64_t K2) {
+  return [=](int64_t b, c10::BFloat16* buffer) {
+    widen_q4(buffer, nib + b * K2 * 16, dm + b * (K2 / 16) * 32, K2 / 16);
+    return buffer;
+  };
 }
 #endif
 
