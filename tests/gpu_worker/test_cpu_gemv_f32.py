@@ -101,6 +101,21 @@ def test_many_rows_match_float64_reference(kind, num_rows, num_blocks, num_group
     assert (out[:, -8:] == 7.0).all()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_linear_many_gives_a_row_the_same_bits_whatever_rows_share_the_call(kind):
+    """Its tiles of up to six rows, K in 256-k chunks: each row sums in k order, whatever tile it is in."""
+    factory, pack, _ = KINDS[kind]
+    packed = pack(*factory(48, 576, seed=11))
+    x = torch.randn(14, 576, generator=torch.Generator().manual_seed(5))
+    alone = torch.empty(14, 48)
+    for i in range(14):
+        gemv.linear_many(alone[i:i + 1], x[i:i + 1], *packed)
+    for num_rows in range(2, 15):
+        out = torch.empty(num_rows, 48)
+        gemv.linear_many(out, x[:num_rows], *packed)
+        assert torch.equal(out, alone[:num_rows]), num_rows
+
+
 def test_linear_many_refuses_bad_shapes():
     packed = gguf_blocks.pack_q8_0(*q8_0_blocks(32, 64, seed=5))
     with pytest.raises(RuntimeError, match="rows"):
