@@ -24,6 +24,14 @@ MIN_GAIN = 1.2  # float32 must beat bf16 by this much per row to be used at all
 MIN_ROWS = 64  # fewer rows stay on the few-row kernels and oneDNN's bf16 path
 
 
+@functools.cache
+def onednn_packs_bf16() -> bool:
+    """oneDNN packs bf16 only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; else bf16 keeps F.linear."""
+    mkldnn = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_is_mkldnn_bf16_supported") and bool(mkldnn._is_mkldnn_bf16_supported()))
+
+
 def via_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), weight.float()).to(x.dtype)
 
@@ -52,7 +60,7 @@ def _best_seconds(fn) -> float:
 
 
 def _probe() -> int:
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+    if not onednn_packs_bf16():
         return 0
     rows, k, n = PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)

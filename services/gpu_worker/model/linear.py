@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
 from pagedserve.services.gpu_worker.model import gguf_blocks
-from pagedserve.services.gpu_worker.model.bf16_gemm import float32_from_rows, via_float32
+from pagedserve.services.gpu_worker.model.bf16_gemm import float32_from_rows, onednn_packs_bf16, via_float32
 
 PACK_BATCH_HINT = 64
 F32_FEW_ROWS = 4  # float32 with GGUF blocks: rows up to this read blocks per row (linear_q4/q8),
@@ -43,20 +43,12 @@ def packing_enabled(weight: torch.Tensor) -> bool:
         return False
     if weight.dtype == torch.float32:
         return _mkldnn_float32()
-    return weight.dtype == torch.bfloat16 and _mkldnn_bf16()
+    return weight.dtype == torch.bfloat16 and onednn_packs_bf16()
 
 
 @functools.cache
 def _mkldnn_float32() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-
-
-@functools.cache
-def _mkldnn_bf16() -> bool:
-    """oneDNN packs bf16 only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; else bf16 keeps F.linear."""
-    mkldnn = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
-            and hasattr(mkldnn, "_is_mkldnn_bf16_supported") and bool(mkldnn._is_mkldnn_bf16_supported()))
 
 
 def bf16_packed(packed, weight: torch.Tensor) -> bool:

@@ -10,7 +10,8 @@ import torch
 
 from pagedserve.services.gpu_worker.device import cpu_has_bf16
 from pagedserve.services.gpu_worker.kernels import cpu_extensions
-from pagedserve.services.gpu_worker.model.linear import PACK_BATCH_HINT, _env_on, _mkldnn_bf16
+from pagedserve.services.gpu_worker.model.bf16_gemm import onednn_packs_bf16
+from pagedserve.services.gpu_worker.model.linear import PACK_BATCH_HINT, _env_on
 
 # bf16 rounds to 8 significant bits (unit roundoff 2^-8): |h.w_v - bf16(h).bf16(w_v)| <=
 # (2^-7 + 2^-16) sum_i |h_i w_vi| <= that times ||h|| ||w_v||; the float32 accumulation of
@@ -39,7 +40,7 @@ class ScreenedHead:
     def build(cls, weight: torch.Tensor) -> ScreenedHead | None:
         """A screen for weight, or None where it would not pay (not float32 CPU, bf16 emulated)."""
         if not (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] <= MAX_HIDDEN
-                and _env_on("PAGEDSERVE_SCREENED_HEAD") and cpu_has_bf16() and _mkldnn_bf16()):
+                and _env_on("PAGEDSERVE_SCREENED_HEAD") and cpu_has_bf16() and onednn_packs_bf16()):
             return None
         kernel = cpu_extensions.load("head_argmax")
         return cls(weight, kernel) if kernel is not None else None
