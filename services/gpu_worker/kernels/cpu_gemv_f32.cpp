@@ -31,6 +31,11 @@ constexpr bool supported_f32_build = false;
 
 constexpr int64_t kMaxRows = 8;  // rows per call of linear_q4/q8
 constexpr int64_t kMaxManyRows = 1024;  // of linear_q4/q8_many (rows' tiles dequantize once)
+#if defined(__AVX512F__)
+constexpr int kVectorRegisters = 32;
+#else
+constexpr int kVectorRegisters = 16;
+#endif
 
 #if defined(PAGEDSERVE_GEMV_F32)
 // ---- Q4_1: w[n, k] = d[n, k/32] * q[n, k] + m[n, k/32], q in 0..15 -----------------------
@@ -223,7 +228,7 @@ void linear_q4(torch::Tensor out, torch::Tensor x, torch::Tensor nib, torch::Ten
   const auto* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<int16_t>());
   by_rows(M, [&](auto r) {
     constexpr int R = decltype(r)::value;
-    constexpr int NB = R == 1 ? 2 : 1;
+    constexpr int NB = R == 1 && kVectorRegisters == 32 ? 2 : 1;  // a second block spills 16 registers
     over_tiles<NB>(num_blocks, K2,
         [&](int64_t b0) { tile_q4_f32<R, NB>(o, os, xf, xst, xsum, num_groups, np, dp, K2, b0); },
         [&](int64_t b) { tile_q4_f32<R, 1>(o, os, xf, xst, xsum, num_groups, np, dp, K2, b); });
