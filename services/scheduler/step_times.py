@@ -1,17 +1,19 @@
-"""draft_cost.py's step-cost table learned from measured step times: fading means per token-count bucket
-in the prior's units (median measured/prior ratio); buckets not yet measured keep the prior's points."""
+"""draft_cost.py's step-cost table learned from measured step times: per token-count bucket the median of
+its last WINDOW steps (robust to a first call's warm-up or a pause: one such step in a mean would price every
+longer step out through the monotone table), in the prior's units (median measured/prior ratio); buckets
+not yet measured keep the prior's points."""
 
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pagedserve.services.scheduler.draft_cost import step_cost
 
 EXACT_TOKENS = 16  # counts up to this get a bucket each: draft lengths are decided among them
-MIN_SAMPLES = 3  # steps a bucket needs before its mean replaces the prior
-FADE = 0.9  # weight of a bucket's past per new step: it follows load and context length
+MIN_SAMPLES = 3  # steps a bucket needs before its median replaces the prior
+WINDOW = 16  # a bucket's steps kept: it follows load and context length
 REBUILD_EVERY = 32
 
 
@@ -19,18 +21,21 @@ def bucket_of(num_tokens: int) -> int:
     return num_tokens if num_tokens <= EXACT_TOKENS else 1 << (num_tokens - 1).bit_length()
 
 
-@dataclass
 class _Bucket:
-    weight: float = 0.0
-    tokens: float = 0.0
-    seconds: float = 0.0
-    count: int = 0
+    """A bucket's last WINDOW steps as (tokens, seconds); count: every step it ever saw."""
+
+    def __init__(self) -> None:
+        self.steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.count = 0
 
     def add(self, num_tokens: int, seconds: float) -> None:
-        self.weight = self.weight * FADE + 1.0
-        self.tokens = self.tokens * FADE + num_tokens
-        self.seconds = self.seconds * FADE + seconds
+        self.steps.append((num_tokens, seconds))
         self.count += 1
+
+    def point(self) -> tuple[float, float]:
+        """(mean tokens, median seconds per token x mean tokens): a bucket past EXACT_TOKENS spans counts."""
+        tokens = sum(n for n, _ in self.steps) / len(self.steps)
+        return tokens, statistics.median(s / n for n, s in self.steps) * tokens
 
 
 class StepTimes:
@@ -55,8 +60,7 @@ class StepTimes:
     def rebuild(self) -> tuple[tuple[int, float], ...]:
         """Costs non-decreasing in tokens: a measured dip is noise, a longer step is never cheaper."""
         self._since_rebuild = 0
-        measured = {key: (b.tokens / b.weight, b.seconds / b.weight)
-                    for key, b in self._buckets.items() if b.count >= MIN_SAMPLES}
+        measured = {key: b.point() for key, b in self._buckets.items() if b.count >= MIN_SAMPLES}
         if not measured:
             return self.prior
         scale = statistics.median(s / step_cost(self.prior, round(n)) for n, s in measured.values())

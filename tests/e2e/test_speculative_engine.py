@@ -66,7 +66,7 @@ def test_the_worker_times_each_step_for_the_draft_cost_table():
     times = engine.scheduler._speculator.step_times
     engine.generate([PROMPTS[0]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     counts = {key: b.count for key, b in times._buckets.items()}
-    assert times.learns and sum(counts.values()) >= 6 and all(b.seconds > 0 for b in times._buckets.values())
+    assert times.learns and sum(counts.values()) >= 6 and all(b.point()[1] > 0 for b in times._buckets.values())
 
 
 def test_suffix_drafts_keep_the_greedy_tokens_alone_and_batched(engines):

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from pagedserve.services.scheduler.draft_cost import choose_lengths
 from pagedserve.services.scheduler.policies.fcfs import FCFSPolicy
 from pagedserve.services.scheduler.scheduler import Scheduler
-from pagedserve.services.scheduler.step_times import EXACT_TOKENS, MIN_SAMPLES, REBUILD_EVERY, StepTimes, bucket_of
+from pagedserve.services.scheduler.step_times import (
+    EXACT_TOKENS,
+    MIN_SAMPLES,
+    REBUILD_EVERY,
+    WINDOW,
+    StepTimes,
+    bucket_of,
+)
 from pagedserve.shared.speculative_config import SpeculativeConfig
 from tests.scheduler.fakes import CountingAllocator, FakeWorker, make_request, run_until_done
 
@@ -59,6 +66,26 @@ def test_the_table_follows_the_machine_and_drafting_follows_the_table():
     assert choose_lengths(times.table(), 1, 1, [(0.8, 7)]) == [7]
 
 
+def test_one_slow_step_does_not_price_out_longer_steps():
+    """A first call's warm-up (or a pause) in a bucket: its median ignores it, so longer drafts still pay."""
+    times = StepTimes(PRIOR)
+    times.observe(4, 0.300)  # the warm-up request's 4-token prefill
+    for _ in range(MIN_SAMPLES):
+        times.observe(1, 0.010)
+        times.observe(4, 0.012)
+        times.observe(7, 0.015)
+    table = times.rebuild()
+    assert dict(table)[4] == pytest.approx(dict(table)[1] * 1.2)
+    assert choose_lengths(table, 1, 1, [(0.8, 5)]) == [5]
+
+
+def test_a_bucket_follows_its_last_steps():
+    times = StepTimes(PRIOR)
+    for seconds in [0.050] * WINDOW + [0.010] * (WINDOW // 2 + 1):
+        times.observe(1, seconds)
+    assert times._buckets[1].point() == pytest.approx((1, 0.010))
+
+
 def test_unmeasured_steps_are_ignored():
     times = StepTimes(PRIOR)
     for _ in range(REBUILD_EVERY):
@@ -91,4 +118,4 @@ def test_the_scheduler_feeds_each_results_step_time_to_the_table():
     run_until_done(scheduler, CountingAllocator(64, 4), TimedWorker(4))
     buckets = scheduler._speculator.step_times._buckets
     assert {key: b.count for key, b in buckets.items()} == {10: 1, 1: 4}
-    assert buckets[1].seconds / buckets[1].weight == pytest.approx(0.001)
+    assert buckets[1].point() == pytest.approx((1, 0.001))
