@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import torch
 
+from pagedserve.shared.meminfo import MIN_AVAILABLE, available_memory
+
 log = logging.getLogger("pagedserve.worker")
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels answer EINVAL and the pool is left lazy
@@ -22,19 +24,6 @@ PAGE = 4096
 CHUNK = 2 << 20  # one huge page of one layer's K or V half a call
 IDLE_AFTER_S = 0.2  # no step for this long: the worker is idle, not between steps
 POLL_S = 0.05
-MIN_AVAILABLE = 1 << 30  # populating stops while the host has less memory available than this
-
-
-def available_memory() -> int | None:
-    """MemAvailable in bytes (Linux), None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def chunk_ranges(tensors: list[torch.Tensor], chunk: int = CHUNK) -> Iterator[tuple[int, int]]:

@@ -21,6 +21,7 @@ import httpx
 from pagedserve.services.gpu_worker.startup import last_phase
 from pagedserve.services.launcher.api_replicas import api_replicas, port_taken
 from pagedserve.services.launcher.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from pagedserve.services.launcher.redis_warmup import start_warm_redis
 from pagedserve.services.launcher.restart_policy import RESTART_CAP_S, RESTART_FIRST_S, WINDOW_S, RestartPolicy
 from pagedserve.services.launcher.restart_stats import RestartStats
 from pagedserve.services.launcher.supervisor import Child, Supervisor
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
                 sup.start(Child(name, argv, env))
         if embedded is not None:
             embedded.start()
+            start_warm_redis(embedded.url, kv_offload_bytes(getattr(args, "kv_offload_memory", "0")), stop)
         return _run(args, sup, stop, redis_url, [s for s in services if not s[0].startswith("worker")], env)
     except EmbeddedRedisError as e:
         log.error("%s", e)

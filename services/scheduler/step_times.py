@@ -1,7 +1,5 @@
-"""draft_cost.py's step-cost table learned from measured step times: per token-count bucket the median of
-its last WINDOW steps (robust to a first call's warm-up or a pause: one such step in a mean would price every
-longer step out through the monotone table), in the prior's units (median measured/prior ratio); buckets
-not yet measured keep the prior's points."""
+"""draft_cost.py's step-cost table: per token-count bucket the median of its last WINDOW step times (robust to
+a warm-up), in the prior's units (median measured/prior); unmeasured buckets keep the prior's points."""
 
 from __future__ import annotations
 

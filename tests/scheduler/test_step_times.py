@@ -67,7 +67,6 @@ def test_the_table_follows_the_machine_and_drafting_follows_the_table():
 
 
 def test_one_slow_step_does_not_price_out_longer_steps():
-    """A first call's warm-up (or a pause) in a bucket: its median ignores it, so longer drafts still pay."""
     times = StepTimes(PRIOR)
     times.observe(4, 0.300)  # the warm-up request's 4-token prefill
     for _ in range(MIN_SAMPLES):
