@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import redis
 
-from pagedserve.services.launcher import redis_warmup
+from pagedserve.services.launcher import embedded_redis, redis_warmup
+from pagedserve.services.launcher.supervisor import Supervisor
 from tests.cli.helpers import REDIS_URL
 
 VALUE = 64 << 10
@@ -52,3 +54,44 @@ def test_the_thread_warms_and_ends():
     client = redis.Redis.from_url(REDIS_URL)
     assert _warmup_keys(client) == []
     client.close()
+
+
+def test_the_embedded_redis_env_keeps_an_operator_s_tunables():
+    env = embedded_redis.redis_env({"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{embedded_redis.MALLOC_TUNABLES}"}
+    assert embedded_redis.redis_env({})["GLIBC_TUNABLES"] == embedded_redis.MALLOC_TUNABLES
+
+
+def _faults_and_rss(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/stat") as f:
+        minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+    with open(f"/proc/{pid}/status") as f:
+        rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return minflt, rss_kib << 10
+
+
+def test_the_embedded_redis_keeps_what_the_warm_up_grew():
+    supervisor = Supervisor()
+    embedded = embedded_redis.EmbeddedRedis(supervisor)
+    url = embedded.start()
+    client = redis.Redis.from_url(url)
+    try:
+        if client.info("memory")["mem_allocator"] != "libc":
+            pytest.skip(f"{embedded.executable} is not built on glibc's malloc")
+        warmed = 64 * VALUE * redis_warmup.VALUES_PER_PIPELINE  # 64 MiB
+        assert redis_warmup.warm_redis(url, warmed, threading.Event(), VALUE * 16) == warmed
+        pid = embedded.child.proc.pid
+        faults_before, rss_before = _faults_and_rss(pid)
+        assert rss_before >= warmed
+        block = bytes(368 << 10)  # a SmolLM2 bf16 block of 16 tokens
+        pipe = client.pipeline(transaction=False)
+        for i in range(warmed // len(block) - 8):
+            pipe.set(f"pagedserve:test-block:{i}", block)
+        pipe.execute()
+        faults_after, rss_after = _faults_and_rss(pid)
+        assert faults_after - faults_before < (warmed >> 12) // 10  # a tenth of the pages it would fault in
+        assert rss_after - rss_before < warmed // 10
+    finally:
+        client.close()
+        supervisor.stop_all(grace_s=5.0)
+        embedded.cleanup()

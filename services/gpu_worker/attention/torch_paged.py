@@ -210,8 +210,9 @@ class TorchPagedBackend:
         _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape  # width: D, or D + packed scales for int8
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // num_kv_heads
-        kernel = self._kernel if self._kernel_fits(query, kv_cache) else None
-        prefill_kernel = self._prefill_kernel if self._prefill_kernel_fits(query, kv_cache) else None
+        layout_fits = _layout_fits(query, kv_cache)
+        kernel = self._kernel if layout_fits else None
+        prefill_kernel = self._prefill_kernel if layout_fits and self._prefill_fits(query, kv_cache) else None
         plan = self._plan_for(meta, block_size, kernel is not None, prefill_kernel is not None)
         # per block one contiguous row of block_size * Hkv * D elements: K at [0], V at [1]
         by_block = kv_cache.view(2, num_blocks, -1)
@@ -247,10 +248,9 @@ class TorchPagedBackend:
     def _kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return _layout_fits(query, kv_cache) and self._kernel is not None
 
-    def _prefill_kernel_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    def _prefill_fits(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         kernel = self._prefill_kernel
-        if (kernel is None or not _layout_fits(query, kv_cache) or query.shape[2] not in (64, 128)
-                or query.dtype not in _prefill_dtypes(kernel)):
+        if kernel is None or query.shape[2] not in (64, 128) or query.dtype not in _prefill_dtypes(kernel):
             return False
         if query.dtype == torch.float32:  # the AVX2 walk: a float32 pool, any block size
             return kv_cache.dtype == torch.float32

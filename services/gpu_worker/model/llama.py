@@ -51,6 +51,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
+        self.qkv_sizes = [self.q_size, self.kv_size, self.kv_size]
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         self.window, self.softcap = c.window(index), c.attn_softcap  # None, None: plain causal attention
         self.gelu = c.hidden_act == "gelu_pytorch_tanh"
@@ -112,7 +113,7 @@ class LlamaDecoderLayer(torch.nn.Module):
         qkv = self.qkv(normed)  # [T, (H + 2 Hkv) * D]
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split_with_sizes(self.qkv_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
