@@ -102,8 +102,11 @@ def test_packed_linear_keeps_q8_rows_then_takes_amx(monkeypatch):
 
 def test_amx_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_AMX_GEMV", "0")
+    linear = PackedLinear(_rand(32, 64))  # then the AVX-512 wide loops take 9-64 rows, as without AMX
+    assert not linear.amx and linear.wide and linear.max_gemv_rows == gemv.max_wide_rows() == 64
+    monkeypatch.setenv("PAGEDSERVE_WIDE_GEMV", "0")
     linear = PackedLinear(_rand(32, 64))
-    assert not linear.amx and linear.max_gemv_rows == 8
+    assert not linear.amx and not linear.wide and linear.max_gemv_rows == 8
     assert not PackedLinear(_rand(32, 48)).amx  # K not a multiple of 32 either way
 
 
