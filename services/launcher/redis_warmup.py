@@ -18,13 +18,27 @@ VALUE_BYTES = 1 << 20
 VALUES_PER_PIPELINE = 16
 
 
-def warm_redis(url: str, nbytes: int, stop: threading.Event, value_bytes: int = VALUE_BYTES) -> int:
-    """Bytes written (whole batches) then deleted; stops for `stop`, a short host or a Redis error."""
+def requests_arrived(client: redis.Redis, requests_stream: str | None) -> bool:
+    if requests_stream is None:
+        return False
+    try:
+        return client.xinfo_stream(requests_stream)["last-generated-id"] not in (b"0-0", "0-0")
+    except redis.exceptions.ResponseError:  # not created yet
+        return False
+
+
+def warm_redis(url: str, nbytes: int, stop: threading.Event, value_bytes: int = VALUE_BYTES,
+               requests_stream: str | None = None) -> int:
+    """Bytes written (whole batches) then deleted; stops for `stop`, a short host, a Redis error or the
+    first request on `requests_stream` (the cores are the requests' from then on)."""
     client = redis.Redis.from_url(url)
     prefix, value = f"pagedserve:warmup:{uuid.uuid4().hex}:", bytes(value_bytes)
     num_values, written, started = 0, 0, time.perf_counter()
     try:
         while written < nbytes and not stop.is_set():
+            if requests_arrived(client, requests_stream):
+                log.info("embedded redis warm-up stopped: requests arrived")
+                break
             available = available_memory()
             if available is not None and available < MIN_AVAILABLE + VALUES_PER_PIPELINE * value_bytes:
                 log.info("embedded redis warm-up stopped: %d MiB available", available >> 20)
@@ -49,10 +63,12 @@ def warm_redis(url: str, nbytes: int, stop: threading.Event, value_bytes: int = 
     return written
 
 
-def start_warm_redis(url: str, nbytes: int, stop: threading.Event) -> threading.Thread | None:
+def start_warm_redis(url: str, nbytes: int, stop: threading.Event,
+                     requests_stream: str | None = None) -> threading.Thread | None:
     """warm_redis on a daemon thread; None where there is nothing to warm (the tier is off)."""
     if nbytes <= 0:
         return None
-    thread = threading.Thread(target=warm_redis, args=(url, nbytes, stop), name="redis-warmup", daemon=True)
+    thread = threading.Thread(target=warm_redis, args=(url, nbytes, stop, VALUE_BYTES, requests_stream),
+                              name="redis-warmup", daemon=True)
     thread.start()
     return thread

@@ -34,6 +34,7 @@ from pagedserve.shared.config import (
 )
 from pagedserve.shared.options import add_options, command_line, from_args
 from pagedserve.shared.scheduler_config import SchedulerConfig, add_policy_arguments
+from pagedserve.shared.streams import Keys
 
 log = logging.getLogger("pagedserve.up")
 
@@ -248,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
                 sup.start(Child(name, argv, env))
         if embedded is not None:
             embedded.start()
-            start_warm_redis(embedded.url, kv_offload_bytes(getattr(args, "kv_offload_memory", "0")), stop)
+            start_warm_redis(embedded.url, kv_offload_bytes(getattr(args, "kv_offload_memory", "0")), stop,
+                             Keys(args.prefix).requests)
         return _run(args, sup, stop, redis_url, [s for s in services if not s[0].startswith("worker")], env)
     except EmbeddedRedisError as e:
         log.error("%s", e)

@@ -95,3 +95,20 @@ def test_the_embedded_redis_keeps_what_the_warm_up_grew():
         client.close()
         supervisor.stop_all(grace_s=5.0)
         embedded.cleanup()
+
+
+def test_it_stops_at_the_first_request():
+    client = redis.Redis.from_url(REDIS_URL)
+    stream = "pagedserve-test-warmup:requests"
+    client.delete(stream)
+    try:
+        assert redis_warmup.warm_redis(REDIS_URL, VALUE, threading.Event(), VALUE, stream) == VALUE * 16
+        client.xgroup_create(stream, "scheduler", id="0", mkstream=True)  # as the scheduler makes it at start
+        assert redis_warmup.warm_redis(REDIS_URL, VALUE, threading.Event(), VALUE, stream) == VALUE * 16
+        client.xadd(stream, {"m": b"x"})
+        client.xtrim(stream, maxlen=0)  # the request taken and trimmed: still arrived
+        assert redis_warmup.warm_redis(REDIS_URL, 1 << 30, threading.Event(), VALUE, stream) == 0
+        assert _warmup_keys(client) == []
+    finally:
+        client.delete(stream)
+        client.close()
